@@ -1,0 +1,34 @@
+"""Typed hook specifications other plugins (or a conftest.py) can implement.
+
+Modelled on xdist's hookspecs: each hook has a typed signature and a docstring that says when it
+is called and what its return value means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from pytest_moeperf.metrics.energy import EnergyMeter
+
+
+@pytest.hookspec(firstresult=True)
+def pytest_moeperf_energy_meter(
+    config: pytest.Config, device_indices: Sequence[int]
+) -> EnergyMeter | None:
+    """Return the energy meter for a server using ``device_indices`` (first non-None wins).
+
+    The default implementation returns the NVML meter, or a "not measured" meter where NVML or a
+    GPU is absent. Implement it to plug in another source (a PDU, RAPL, a cloud power API).
+    """
+
+
+def pytest_moeperf_server_command(config: pytest.Config, command: list[str]) -> None:
+    """Called with the vLLM command line before the server starts; may append arguments."""
+
+
+def pytest_moeperf_result(config: pytest.Config, nodeid: str, result: dict[str, Any]) -> None:
+    """Called once per perf test with its result record (as written to the results JSON)."""

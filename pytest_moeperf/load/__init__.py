@@ -1,0 +1,1 @@
+"""Traffic: request records, arrival schedules, the streaming client and the SLO search."""

@@ -1,0 +1,105 @@
+"""Data that crosses module lines between the load generator, metrics, baselines and reports.
+
+Times are seconds on one monotonic clock (``time.perf_counter``) relative to the start of the
+run (``RunRecord.t0``); wall-clock time is kept only once, for provenance.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+RequestStatus = Literal["ok", "http_error", "stream_cut", "timeout", "connect_error", "cancelled"]
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request of a workload: what to send and when (offset from the run start)."""
+
+    index: int
+    arrival_s: float
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+
+    @property
+    def input_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+@dataclass
+class RequestRecord:
+    """What happened to one request, as seen by the client.
+
+    ``token_times_s`` holds the arrival time of every streamed token (a chunk carrying k tokens
+    contributes k entries with the same time), so ITL and TPOT follow vLLM's definitions.
+    """
+
+    index: int
+    scheduled_s: float
+    send_s: float
+    input_tokens: int
+    max_tokens: int
+    status: RequestStatus = "ok"
+    first_token_s: float | None = None
+    end_s: float | None = None
+    output_tokens: int = 0
+    token_times_s: list[float] = field(default_factory=list)
+    error: str | None = None
+    http_status: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_token_s is None:
+            return None
+        return self.first_token_s - self.send_s
+
+    @property
+    def e2el_s(self) -> float | None:
+        if self.end_s is None:
+            return None
+        return self.end_s - self.send_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(latency - TTFT) / (output - 1), vLLM's definition; None for one-token outputs."""
+        ttft, e2el = self.ttft_s, self.e2el_s
+        if ttft is None or e2el is None or self.output_tokens < 2:
+            return None
+        return (e2el - ttft) / (self.output_tokens - 1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
+        return cls(**d)
+
+
+@dataclass
+class RunRecord:
+    """One load run at one operating point (a Poisson rate or a fixed concurrency)."""
+
+    mode: Literal["poisson", "concurrency"]
+    target: float  # requests/s for poisson, in-flight requests for concurrency
+    burstiness: float
+    seed: int
+    duration_s: float
+    requests: list[RequestRecord]
+    t0_wall: float  # time.time() at t0, for provenance only
+    aborted_early: bool = False
+    abort_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["requests"] = [r.to_dict() for r in self.requests]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunRecord:
+        d = dict(d)
+        d["requests"] = [RequestRecord.from_dict(r) for r in d["requests"]]
+        return cls(**d)

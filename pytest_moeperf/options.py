@@ -1,0 +1,169 @@
+"""Every plugin setting, and the one function that resolves it: marker > CLI > env > ini > default.
+
+Modelled on pytest-timeout: one table of settings, one resolver, and every value carries the place
+it came from, so an error can say ``--moeperf-runs (command line)`` or ``moeperf_runs (ini file
+pytest.ini)`` instead of just "bad value".
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_moeperf.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its CLI flag, ini key and environment variable, parser and default."""
+
+    name: str
+    flag: str
+    help: str
+    parse: Callable[[str], Any]
+    default: Any = None
+    is_flag: bool = False  # store_true on the command line
+    metavar: str | None = None
+
+    @property
+    def ini(self) -> str:
+        return self.name
+
+    @property
+    def env(self) -> str:
+        return self.name.upper()
+
+
+@dataclass(frozen=True)
+class Resolved:
+    value: Any
+    source: str  # "marker @moeperf_x", "command line --flag", "env VAR", "ini key (file)", "default"
+
+
+def parse_bool(text: str) -> bool:
+    t = text.strip().lower()
+    if t in ("1", "true", "yes", "on"):
+        return True
+    if t in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected one of 1/0, true/false, yes/no, on/off")
+
+
+def parse_positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be an integer >= 1")
+    return value
+
+
+def parse_positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError("must be a finite number > 0")
+    return value
+
+
+def parse_url(text: str) -> str:
+    t = text.strip().rstrip("/")
+    if not t.startswith(("http://", "https://")):
+        raise ValueError("must start with http:// or https://")
+    return t.removesuffix("/v1")
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("moeperf_gpu", "--gpu", "run perf tests marked moeperf_gpu (needs a GPU machine).",
+            parse_bool, False, is_flag=True),
+    Setting("moeperf_refresh_baselines", "--moeperf-refresh-baselines",
+            "write new baselines from this run (only when every run completed and passed its "
+            "gates).", parse_bool, False, is_flag=True),
+    Setting("moeperf_reason", "--moeperf-reason", "why baselines are refreshed (stored in the "
+            "baseline's provenance).", str, "", metavar="TEXT"),
+    Setting("moeperf_baseline_dir", "--moeperf-baseline-dir", "directory of baseline JSON files "
+            "(default: baselines/ under the rootdir).", str, "baselines", metavar="DIR"),
+    Setting("moeperf_server_url", "--moeperf-server-url", "use a running OpenAI-compatible server "
+            "at this URL instead of starting vLLM (the MoE config is then declared, not set).",
+            parse_url, None, metavar="URL"),
+    Setting("moeperf_quick", "--moeperf-quick", "quick mode: fewer requests and probes, one run "
+            "per config; results are marked quick and never written as baselines.",
+            parse_bool, False, is_flag=True),
+    Setting("moeperf_report", "--moeperf-report", "write an HTML and a Markdown report to this "
+            "path (suffix replaced).", str, None, metavar="PATH"),
+    Setting("moeperf_results", "--moeperf-results", "JSON results file for the session.",
+            str, "moeperf-results/results.json", metavar="PATH"),
+    Setting("moeperf_ci", "--moeperf-ci", "CI mode: a missing baseline fails the test instead of "
+            "warning.", parse_bool, False, is_flag=True),
+    Setting("moeperf_runs", "--moeperf-runs", "repeated runs per config (default: the spec's "
+            "runs).", parse_positive_int, None, metavar="N"),
+    Setting("moeperf_startup_timeout", "--moeperf-startup-timeout", "seconds to wait for the "
+            "server's /health.", parse_positive_float, 900.0, metavar="S"),
+    Setting("moeperf_hbm_bandwidth", "--moeperf-hbm-bandwidth", "rated HBM bandwidth in TB/s "
+            "for MBU, overriding the built-in table.", parse_positive_float, None, metavar="TBS"),
+    Setting("moeperf_allow_other_hardware", "--moeperf-allow-other-hardware", "compare against "
+            "a baseline recorded on other hardware or software (normally skipped with a warning).",
+            parse_bool, False, is_flag=True),
+    Setting("moeperf_cache_dir", "--moeperf-cache-dir", "where the embedded model is generated "
+            "(default: ~/.cache/pytest-moeperf).", str, None, metavar="DIR"),
+)  # fmt: skip
+
+BY_NAME = {s.name: s for s in SETTINGS}
+
+
+def add_options(parser: pytest.Parser) -> None:
+    group = parser.getgroup("moeperf", "vLLM / fused-MoE performance regression testing")
+    for s in SETTINGS:
+        env_note = f" [env {s.env}, ini {s.ini}]"
+        if s.is_flag:
+            group.addoption(s.flag, action="store_true", default=None, dest=s.name,
+                            help=s.help + env_note)  # fmt: skip
+        else:
+            group.addoption(s.flag, action="store", default=None, dest=s.name,
+                            metavar=s.metavar, help=s.help + env_note)  # fmt: skip
+        parser.addini(s.ini, s.help, type="string", default=None)
+
+
+def _parse(setting: Setting, raw: object, source: str) -> Resolved:
+    if not isinstance(raw, str):
+        return Resolved(raw, source)
+    try:
+        return Resolved(setting.parse(raw), source)
+    except ValueError as exc:
+        raise UsageError(source, setting.name, raw, str(exc),
+                         f"set a valid value for {setting.flag} / {setting.env} / {setting.ini}"
+                         ) from None  # fmt: skip
+
+
+def resolve(config: pytest.Config, name: str, marker_value: object = None,
+            marker_name: str | None = None) -> Resolved:  # fmt: skip
+    """Resolve a setting: marker > command line > environment > ini file > default."""
+    setting = BY_NAME[name]
+    if marker_value is not None:
+        return _parse(setting, marker_value, f"marker @pytest.mark.{marker_name}")
+    cli = config.getoption(setting.name, default=None)
+    if cli is not None and cli is not False:
+        return _parse(setting, cli, f"command line {setting.flag}")
+    env = os.environ.get(setting.env)
+    if env is not None and env != "":
+        return _parse(setting, env, f"environment variable {setting.env}")
+    ini = config.getini(setting.ini)
+    if ini not in (None, "", []):
+        where = str(config.inipath) if config.inipath else "ini"
+        return _parse(setting, str(ini), f"ini option {setting.ini} ({where})")
+    return Resolved(setting.default, "default")
+
+
+def value(config: pytest.Config, name: str) -> Any:
+    return resolve(config, name).value
+
+
+def resolve_path(config: pytest.Config, name: str) -> Path | None:
+    """A path setting, relative paths taken from the rootdir (so CI and laptops agree)."""
+    raw = value(config, name)
+    if raw is None:
+        return None
+    p = Path(os.path.expanduser(str(raw)))
+    return p if p.is_absolute() else Path(config.rootpath) / p

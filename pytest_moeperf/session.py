@@ -1,0 +1,126 @@
+"""Per-session state: results of every perf test, the terminal summary and the results file.
+
+The summary hook must never raise (a bug there would hide every verdict), so everything it prints
+was computed and validated while the tests ran; gate failures are test failures, not exceptions
+from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_moeperf import __version__, options
+
+RESULTS_SCHEMA = 1
+
+
+@dataclass
+class PerfResult:
+    """One perf test's result record, as written to the session's results JSON."""
+
+    nodeid: str
+    outcome: str  # "passed" | "failed" | "partial" | "error"
+    data: dict[str, Any]
+    table: str = ""
+    reasons: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodeid": self.nodeid, "outcome": self.outcome, "reasons": self.reasons,
+                **self.data}  # fmt: skip
+
+
+class MoePerfSession:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.results: list[PerfResult] = []
+        self.started = time.time()
+        self.warnings: list[str] = []
+
+    def record(self, result: PerfResult) -> None:
+        self.results.append(result)
+        self.config.hook.pytest_moeperf_result(
+            config=self.config, nodeid=result.nodeid, result=result.to_dict()
+        )
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+    # -- end of session ----------------------------------------------------------------------
+    def terminal_summary(self, tr: Any) -> None:
+        if not self.results and not self.warnings:
+            return
+        tr.write_sep("=", "moeperf results")
+        for r in self.results:
+            tr.write_line(f"{r.nodeid}  [{r.outcome}]")
+            if r.table:
+                for line in r.table.splitlines():
+                    tr.write_line("  " + line)
+            for reason in r.reasons:
+                tr.write_line("  - " + reason)
+        for w in self.warnings:
+            tr.write_line("warning: " + w)
+        path = self.results_path()
+        if path is not None and self.results:
+            tr.write_line(f"results written to {path}")
+        report = self.report_path()
+        if report is not None and self.results:
+            tr.write_line(f"report written to {report.with_suffix('.html')} and .md")
+
+    def results_path(self) -> Path | None:
+        return options.resolve_path(self.config, "moeperf_results")
+
+    def report_path(self) -> Path | None:
+        return options.resolve_path(self.config, "moeperf_report")
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "schema_version": RESULTS_SCHEMA,
+            "plugin_version": __version__,
+            "started": self.started,
+            "finished": time.time(),
+            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "quick": bool(options.value(self.config, "moeperf_quick")),
+            "results": [r.to_dict() for r in self.results],
+            "warnings": self.warnings,
+        }
+
+    def finish(self) -> None:
+        if not self.results:
+            return
+        path = self.results_path()
+        data = self.payload()
+        if path is not None:
+            write_json_atomic(path, data)
+        report = self.report_path()
+        if report is not None:
+            try:
+                from pytest_moeperf.report.render import write_report
+
+                write_report([data], report, title="moeperf nightly")
+            except Exception as exc:  # a report bug must not hide the results file
+                self.warnings.append(f"report not written: {type(exc).__name__}: {exc}")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
