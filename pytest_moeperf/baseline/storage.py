@@ -1,0 +1,329 @@
+"""Baseline files: one JSON file per (test id, key), written atomically, read with clear errors.
+
+Baselines live in git next to the tests, so the format is chosen for reviewable diffs: keys
+sorted, two-space indent, one value per line. A reader never sees a half-written file (temp
+file in the same directory, fsync, os.replace) and concurrent writers (pytest-xdist workers)
+are serialised by an fcntl lock on one lock file per store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pytest_moeperf.baseline.key import BaselineKey, safe_name
+from pytest_moeperf.errors import UsageError
+
+SCHEMA_VERSION = 1
+LOCK_NAME = ".moeperf-baseline.lock"
+_RERECORD = "restore the file from git or re-record the baseline"
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Who wrote a baseline, when, from which commit and why (shown when a test fails)."""
+
+    commit: str
+    date: str
+    host: str
+    command: str
+    reason: str
+    plugin_version: str
+
+    @classmethod
+    def collect(
+        cls, reason: str, *, command: str | None = None, cwd: Path | None = None
+    ) -> Provenance:
+        """Provenance of the current process: git HEAD (with "-dirty"), UTC time, host, argv."""
+        from pytest_moeperf import __version__
+
+        return cls(
+            commit=_git_commit(cwd),
+            date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            host=socket.gethostname(),
+            command=command if command is not None else " ".join(sys.argv),
+            reason=reason,
+            plugin_version=__version__,
+        )
+
+    def to_dict(self) -> dict[str, str]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: object, *, source: str) -> Provenance:
+        obj = _require_object(d, source, "provenance")
+        _require_fields(obj, [f.name for f in fields(cls)], source, "provenance")
+        for name in (f.name for f in fields(cls)):
+            if not isinstance(obj[name], str):
+                raise UsageError(
+                    source, f"provenance.{name}", obj[name], "must be a string", _RERECORD
+                )
+        return cls(**{f.name: obj[f.name] for f in fields(cls)})
+
+
+def _git_commit(cwd: Path | None) -> str:
+    def git(*args: str) -> str:
+        out = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        )
+        return out.stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")
+
+
+@dataclass
+class Baseline:
+    """Per-run values of every metric for one test under one key, plus how they were made.
+
+    ``metrics`` holds one value per run (the verdict needs the spread, not just a mean);
+    ``runs`` holds whatever per-run summaries the caller wants kept; ``accuracy`` holds
+    per-question outcomes for the paired accuracy gate, or None.
+    """
+
+    test_id: str
+    key: BaselineKey
+    metrics: dict[str, list[float]]
+    runs: list[dict[str, Any]]
+    provenance: Provenance
+    accuracy: dict[str, Any] | None = None
+    schema_version: int = SCHEMA_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)  # unknown keys, kept on rewrite
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = dict(self.extra)
+        d.update(
+            schema_version=self.schema_version,
+            test_id=self.test_id,
+            key=self.key.to_dict(),
+            metrics={k: list(v) for k, v in self.metrics.items()},
+            runs=list(self.runs),
+            accuracy=self.accuracy,
+            provenance=self.provenance.to_dict(),
+        )
+        return d
+
+    def to_json(self) -> str:
+        """The file's text: sorted keys, one value per line, no NaN (JSON has none)."""
+        _check_metrics(self.metrics, f"baseline of {self.test_id!r}")
+        try:
+            text = json.dumps(
+                self.to_dict(), indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False
+            )
+        except (TypeError, ValueError) as e:
+            raise UsageError(
+                f"baseline of {self.test_id!r}",
+                "runs/accuracy",
+                str(e),
+                "cannot be written as JSON",
+                "pass only str/int/float/bool/None, lists and dicts, without NaN or infinity",
+            ) from e
+        return text + "\n"
+
+    @classmethod
+    def from_dict(cls, d: object, *, source: str) -> Baseline:
+        """Validate a parsed file; every problem is a UsageError naming ``source`` and field."""
+        obj = _require_object(d, source, "top level")
+        version = obj.get("schema_version")
+        if version is None:
+            raise UsageError(
+                source, "schema_version", None, "is missing (not a moeperf baseline?)", _RERECORD
+            )
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise UsageError(
+                source, "schema_version", version, "must be a positive integer", _RERECORD
+            )
+        if version > SCHEMA_VERSION:
+            raise UsageError(
+                source,
+                "schema_version",
+                version,
+                f"was written by a newer pytest-moeperf (this one reads schema {SCHEMA_VERSION})",
+                "upgrade the plugin: pip install -U pytest-moeperf",
+            )
+        names = ["test_id", "key", "metrics", "runs", "accuracy", "provenance"]
+        _require_fields(obj, names, source, "baseline")
+        if not isinstance(obj["test_id"], str):
+            raise UsageError(source, "test_id", obj["test_id"], "must be a string", _RERECORD)
+        metrics = _check_metrics(obj["metrics"], source)
+        runs = obj["runs"]
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            raise UsageError(source, "runs", runs, "must be a list of objects", _RERECORD)
+        accuracy = obj["accuracy"]
+        if accuracy is not None and not isinstance(accuracy, dict):
+            raise UsageError(source, "accuracy", accuracy, "must be an object or null", _RERECORD)
+        return cls(
+            test_id=obj["test_id"],
+            key=BaselineKey.from_dict(obj["key"], source=source),
+            metrics=metrics,
+            runs=runs,
+            provenance=Provenance.from_dict(obj["provenance"], source=source),
+            accuracy=accuracy,
+            schema_version=version,
+            extra={k: v for k, v in obj.items() if k not in {*names, "schema_version"}},
+        )
+
+
+def _require_object(d: object, source: str, what: str) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise UsageError(source, what, type(d).__name__, "must be a JSON object", _RERECORD)
+    return d
+
+
+def _require_fields(obj: dict[str, Any], names: list[str], source: str, what: str) -> None:
+    missing = [n for n in names if n not in obj]
+    if missing:
+        raise UsageError(
+            source,
+            what,
+            sorted(obj),
+            f"misses field(s) {', '.join(missing)}",
+            _RERECORD,
+        )
+
+
+def _check_metrics(metrics: object, source: str) -> dict[str, list[float]]:
+    if not isinstance(metrics, dict):
+        raise UsageError(source, "metrics", metrics, "must be an object", _RERECORD)
+    out: dict[str, list[float]] = {}
+    for name, values in metrics.items():
+        ok = isinstance(values, list) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            for v in values
+        )
+        if not ok:
+            raise UsageError(
+                source,
+                f"metrics.{name}",
+                values,
+                "must be a list of finite numbers (one per run)",
+                _RERECORD,
+            )
+        out[str(name)] = [float(v) for v in values]
+    return out
+
+
+def read_baseline_file(path: Path) -> Baseline:
+    """Read and validate one baseline file; corrupt JSON is reported with line and column."""
+    source = str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(source, "file", source, "does not exist", "check the path") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(source, "file", source, f"cannot be read ({e})", _RERECORD) from e
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        where = f"line {e.lineno} column {e.colno}"
+        problem = f"is not valid JSON ({e.msg}): the file is corrupt or truncated"
+        if not text.strip():
+            problem = "is empty: the file was truncated"
+        raise UsageError(source, "JSON", where, problem, _RERECORD) from e
+    return Baseline.from_dict(data, source=source)
+
+
+class BaselineStore:
+    """A directory of baselines: ``root/<test>-<hash>/<key slug>.json``."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    def dir_for(self, test_id: str) -> Path:
+        """Test ids hold '/', '::' and '[...]'; the hash keeps distinct ids apart after cleaning."""
+        digest = hashlib.sha256(test_id.encode()).hexdigest()[:8]
+        readable = safe_name(test_id.replace("::", "--"), limit=80)
+        return self.root / f"{readable}-{digest}"
+
+    def path_for(self, test_id: str, key: BaselineKey) -> Path:
+        return self.dir_for(test_id) / f"{key.slug()}.json"
+
+    def load(self, test_id: str, key: BaselineKey) -> Baseline | None:
+        """The baseline for exactly this test and key, or None when none was recorded."""
+        path = self.path_for(test_id, key)
+        if not path.exists():
+            return None
+        baseline = read_baseline_file(path)
+        for what, want, got in (("test_id", test_id, baseline.test_id), ("key", key, baseline.key)):
+            if want != got:
+                raise UsageError(
+                    str(path),
+                    what,
+                    got.to_dict() if isinstance(got, BaselineKey) else got,
+                    "does not match the file's place in the baseline directory",
+                    "move the file back or re-record the baseline",
+                )
+        return baseline
+
+    def find_other_keys(
+        self, test_id: str, *, exclude: BaselineKey | None = None
+    ) -> list[BaselineKey]:
+        """Keys of every baseline recorded for this test (minus ``exclude``), sorted by slug.
+
+        Used to say "there is a baseline, but from other hardware / another vLLM".
+        """
+        folder = self.dir_for(test_id)
+        if not folder.is_dir():
+            return []
+        keys = [read_baseline_file(p).key for p in sorted(folder.glob("*.json"))]
+        return sorted((k for k in keys if k != exclude), key=lambda k: k.slug())
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / LOCK_NAME, "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+    def write(self, baseline: Baseline, *, complete: bool) -> Path:
+        """Write atomically; refuses a partial run, whose numbers would poison later verdicts."""
+        path = self.path_for(baseline.test_id, baseline.key)
+        if not complete:
+            raise UsageError(
+                str(path),
+                "complete",
+                complete,
+                "the run was partial (failed, aborted or interrupted), so it is not a baseline",
+                "fix the failure and rerun every run of the test to record a baseline",
+            )
+        text = baseline.to_json()
+        with self._locked():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(text)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(tmp, 0o644)  # mkstemp makes 0600; baselines are shared through git
+                os.replace(tmp, path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+                raise
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)  # make the rename itself durable
+            finally:
+                os.close(dir_fd)
+        return path
