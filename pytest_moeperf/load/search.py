@@ -1,0 +1,375 @@
+"""Find the highest Poisson rate whose p99 TTFT and p99 TPOT meet the SLO, in few probes.
+
+Each probe is a full load run, so probes are the cost, and each one yields more than pass/fail:
+the p99 of every SLO metric. The search fits, per metric, the queueing curve
+p99(r) = a + b * r / (c - r) (c = capacity; c = inf is a straight line) to the probes so far and
+aims at the rate where the curve meets the SLO; an overloaded probe's achieved throughput
+estimates c. Each aim is straddled by +-tolerance/2 so that two probes near a good estimate
+certify the bracket [met, failed] to within the tolerance. Without a usable fit it falls back to
+x4 expansion, regula falsi on the headroom and log-space bisection. A probe that can no longer
+meet the SLO is stopped early by the ``AbortCheck`` the search hands it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pytest_moeperf.errors import UsageError
+from pytest_moeperf.load.records import RequestRecord
+from pytest_moeperf.spec.model import Slo
+
+if TYPE_CHECKING:
+    from pytest_moeperf.metrics.summary import LoadSummary
+
+#: (records so far, seconds since the probe started) -> a reason to stop, or None.
+AbortCheck = Callable[[Sequence[RequestRecord], float], "str | None"]
+
+EXPAND_FACTOR = 4.0  # rate step while no failing probe is known and no estimate is usable
+OVERLOAD_RATIO = 0.9  # achieved / offered below this marks an overloaded probe
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe: the offered rate, whether the SLO was met, and the run's summary dict."""
+
+    rate: float
+    met: bool
+    summary: dict[str, Any]
+    aborted: bool = False
+    reason: str | None = None
+
+    @classmethod
+    def from_summary(cls, rate: float, summary: LoadSummary) -> ProbeResult:
+        met = summary.slo_met and not summary.aborted_early
+        reason = summary.abort_reason or ("; ".join(summary.slo_violations) or None)
+        return cls(rate, met, summary.to_dict(), summary.aborted_early, reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """``boundary_rate`` is the highest rate that met the SLO (None if even rate_min failed)."""
+
+    boundary_rate: float | None
+    goodput_tok_s: float | None
+    probes: list[ProbeResult]
+    tolerance: float
+    converged: bool
+    bracket: tuple[float | None, float | None] = (None, None)
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["bracket"] = list(self.bracket)
+        return d
+
+
+def certain_miss_count(n: int) -> int:
+    """Misses among ``n`` values from which numpy's linear p99 is surely above the threshold."""
+    return n - math.floor(0.99 * (n - 1)) if n > 0 else 1
+
+
+@dataclass(frozen=True)
+class AbortPolicy:
+    """Builds the per-probe ``AbortCheck``.
+
+    Stops a probe when (a) enough requests have already missed that p99 cannot come back under
+    the SLO (``certain_miss_count`` of the planned requests; in-flight records older than the
+    TTFT SLO without a first token count as misses), or (b) the server is overloaded: TTFT of
+    successive requests rises steadily (last third's median > ``rise_factor`` x the first
+    third's) and the linear trend reaches the TTFT SLO before the probe's last planned send.
+    Records sent before ``warmup_s`` are ignored, as the summary ignores them.
+    """
+
+    planned_requests: int | None = None
+    warmup_s: float = 0.0
+    min_trend_records: int = 16
+    rise_factor: float = 1.5
+
+    def make(self, slo: Slo, rate: float) -> AbortCheck:
+        ttft_lim, tpot_lim, e2el_lim = slo.ttft_p99_ms / 1e3, slo.tpot_p99_ms / 1e3, None
+        if slo.e2el_p99_ms is not None:
+            e2el_lim = slo.e2el_p99_ms / 1e3
+        limit = certain_miss_count(self.planned_requests) if self.planned_requests else None
+        t_end = self.planned_requests / rate if self.planned_requests and rate > 0 else None
+
+        def check(records: Sequence[RequestRecord], now_s: float) -> str | None:
+            live = [r for r in records if r.send_s >= self.warmup_s]
+            miss = {"ttft": 0, "tpot": 0, "e2el": 0}
+            for r in live:
+                if r.end_s is None and r.status == "ok":  # still in flight
+                    if r.first_token_s is None and now_s - r.send_s > ttft_lim:
+                        miss["ttft"] += 1
+                    continue
+                ttft, tpot, e2el = r.ttft_s, r.tpot_s, r.e2el_s
+                bad = not r.ok or ttft is None or e2el is None
+                miss["ttft"] += bad or (ttft is not None and ttft > ttft_lim)
+                miss["tpot"] += bad or (tpot is not None and tpot > tpot_lim)
+                if e2el_lim is not None:
+                    miss["e2el"] += bad or (e2el is not None and e2el > e2el_lim)
+            if limit is not None:
+                for name, m in miss.items():
+                    if m >= limit:
+                        return (
+                            f"{m} requests already missed the {name} SLO; p99 cannot be met "
+                            f"with {self.planned_requests} planned requests"
+                        )
+            return self._trend(live, ttft_lim, t_end if t_end is not None else now_s)
+
+        return check
+
+    def _trend(self, live: Sequence[RequestRecord], ttft_lim: float, t_end: float) -> str | None:
+        pts = sorted((r.send_s, t) for r in live if r.ok and (t := r.ttft_s) is not None)
+        if len(pts) < self.min_trend_records:
+            return None
+        third = len(pts) // 3
+        first = sorted(t for _, t in pts[:third])[third // 2]
+        last = sorted(t for _, t in pts[-third:])[third // 2]
+        if last <= self.rise_factor * first:
+            return None
+        n = len(pts)
+        mx = sum(x for x, _ in pts) / n
+        my = sum(y for _, y in pts) / n
+        sxx = sum((x - mx) ** 2 for x, _ in pts)
+        if sxx <= 0:
+            return None
+        slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+        projected = my + slope * (t_end - mx)
+        if slope <= 0 or projected <= ttft_lim:
+            return None
+        return (
+            f"overload: TTFT rising ({first * 1e3:.0f} -> {last * 1e3:.0f} ms median, "
+            f"{projected * 1e3:.0f} ms projected at t={t_end:.1f} s)"
+        )
+
+
+def _p99s(result: ProbeResult, slo: Slo) -> dict[str, float]:
+    """p99 (ms) of each metric the SLO constrains, as the probe's summary reports it."""
+    out: dict[str, float] = {}
+    for key, limit in (
+        ("ttft", slo.ttft_p99_ms),
+        ("tpot", slo.tpot_p99_ms),
+        ("e2el", slo.e2el_p99_ms),
+    ):
+        stats = result.summary.get(key)
+        if limit is None or not isinstance(stats, dict):
+            continue
+        p99 = stats.get("p99_ms")
+        if isinstance(p99, int | float) and not math.isnan(p99):
+            out[key] = float(p99)
+    return out
+
+
+def headroom(result: ProbeResult, slo: Slo) -> float:
+    """min over SLO metrics of target / p99 (0 for +inf), consistent with ``result.met``."""
+    limits = {"ttft": slo.ttft_p99_ms, "tpot": slo.tpot_p99_ms, "e2el": slo.e2el_p99_ms}
+    ratios = [
+        0.0 if math.isinf(p) else (limits[k] or 0.0) / max(p, 1e-9)
+        for k, p in _p99s(result, slo).items()
+    ]
+    h = min(ratios) if ratios else (2.0 if result.met else 0.0)
+    return max(h, 1.0) if result.met else min(h, 0.999)
+
+
+def _capacity(result: ProbeResult) -> float | None:
+    """Achieved request rate of an overloaded probe, an estimate of the server's capacity."""
+    got = result.summary.get("request_throughput")
+    if not result.met and isinstance(got, int | float) and 0 < got < OVERLOAD_RATIO * result.rate:
+        return float(got)
+    return None
+
+
+def _fit(pts: Sequence[tuple[float, float]], c: float) -> tuple[float, float, float]:
+    """Least squares (relative error) of p99 = a + b * r / (c - r); c = inf means a + b * r."""
+    sw = swz = swzz = swy = swzy = 0.0
+    for r, y in pts:
+        z = r if math.isinf(c) else r / (c - r)
+        w = 1.0 / (y * y)
+        sw, swz, swzz = sw + w, swz + w * z, swzz + w * z * z
+        swy, swzy = swy + w * y, swzy + w * z * y
+    det = sw * swzz - swz * swz
+    if det <= 1e-12 * max(sw * swzz, 1e-300):
+        return math.nan, math.nan, math.inf
+    a = (swzz * swy - swz * swzy) / det
+    b = (sw * swzy - swz * swy) / det
+    res = sum(((a + b * (r if math.isinf(c) else r / (c - r)) - y) / y) ** 2 for r, y in pts)
+    return a, b, res
+
+
+def model_estimate(probes: Sequence[ProbeResult], slo: Slo, capacity: float | None) -> float | None:
+    """Rate where the fitted queueing curve p99(r) = a + b r / (c - r) meets the SLO.
+
+    One curve per SLO metric, sharing the capacity c, which is chosen on a grid by residual
+    (plus closeness to the achieved throughput of overloaded probes). Needs two finite p99s of
+    a metric; None when no metric has them.
+    """
+    limits = {"ttft": slo.ttft_p99_ms, "tpot": slo.tpot_p99_ms, "e2el": slo.e2el_p99_ms}
+    series: dict[str, list[tuple[float, float]]] = {}
+    finite_max, over_min = 0.0, math.inf
+    for p in probes:
+        for key, y in _p99s(p, slo).items():
+            if math.isfinite(y) and y > 0:
+                series.setdefault(key, []).append((p.rate, y))
+                finite_max = max(finite_max, p.rate)
+            elif math.isinf(y):
+                over_min = min(over_min, p.rate)
+    series = {k: v for k, v in series.items() if len({r for r, _ in v}) >= 2}
+    if not series:
+        return None
+    lb = finite_max * 1.001
+    grid = [lb * math.exp(i * math.log(50.0) / 48) for i in range(49)] + [math.inf]
+    if capacity is not None and lb < capacity:
+        grid.append(capacity)
+    upper = min(over_min, capacity * 1.15) if capacity is not None else over_min
+    roots = []
+    for key, v in series.items():
+        best: tuple[float, float] | None = None
+        for c in sorted(grid):
+            score = _fit(v, c)[2]
+            if c > upper:
+                score += 1e-3  # overloaded probes say the curve diverged below that rate
+            if best is None or score <= best[0] + 1e-9:  # ties go to the larger, more linear c
+                best = (score, c)
+        assert best is not None
+        c = best[1]
+        a, b, _ = _fit(v, c)
+        limit = limits[key]
+        if limit is None or not math.isfinite(a) or b <= 0:
+            continue
+        z = (limit - a) / b
+        roots.append(0.0 if z <= 0 else (z if math.isinf(c) else c * z / (1 + z)))
+    return min(roots) if roots else None
+
+
+@dataclass
+class _State:
+    """Probe history and the current bracket [lo (met), hi (failed)]."""
+
+    slo: Slo
+    g: float
+    lo: tuple[float, float] | None = None  # (rate, headroom) best passing
+    hi: tuple[float, float] | None = None  # (rate, headroom) lowest failing
+    probes: list[ProbeResult] = field(default_factory=list)
+    capacity: float | None = None
+    widths: list[float] = field(default_factory=list)
+
+    def add(self, res: ProbeResult) -> None:
+        self.probes.append(res)
+        h = headroom(res, self.slo)
+        if not res.met and (self.hi is None or res.rate < self.hi[0]):
+            self.hi = (res.rate, h)
+            cap = _capacity(res)
+            if cap is not None:
+                self.capacity = cap
+        hi_r = self.hi[0] if self.hi else math.inf
+        below = [(p.rate, headroom(p, self.slo)) for p in self.probes if p.met and p.rate < hi_r]
+        self.lo = max(below) if below else None
+
+    def expand(self, rate_max: float | None) -> float:
+        assert self.lo is not None
+        lo_r = self.lo[0]
+        est = model_estimate(self.probes, self.slo, self.capacity)
+        if est is None or est <= lo_r:
+            est = lo_r * EXPAND_FACTOR
+        else:
+            est = min(max(est, lo_r * 1.05) * math.sqrt(self.g), lo_r * EXPAND_FACTOR)
+        return min(est, rate_max) if rate_max is not None else est
+
+    def refine(self) -> float:
+        assert self.lo is not None and self.hi is not None
+        (rl, hl), (rh, hh) = self.lo, self.hi
+        self.widths.append(math.log(rh / rl))
+        est = model_estimate(self.probes, self.slo, self.capacity)
+        if est is None or not rl < est < rh:
+            if len(self.widths) >= 3 and self.widths[-1] > 0.5 * self.widths[-3]:
+                self.widths.clear()
+                return math.sqrt(rl * rh)  # no model and not closing in: bisect in log space
+            zero_at = rh
+            if hh <= 0.0 and self.capacity is not None and rl < self.capacity < rh:
+                zero_at = self.capacity
+            est = rl + (hl - 1.0) * (zero_at - rl) / (hl - hh)
+        est = min(max(est, rl), rh)
+        sg = math.sqrt(self.g)
+        below, above = est / sg, est * sg
+        if below <= rl * self.g**0.25:
+            return rl * self.g * (1 - 1e-9)  # certify from below: fails -> converged
+        if above >= rh / self.g**0.25 and hh > 0.0:
+            return rh / self.g * (1 + 1e-9)  # certify from above: passes -> converged
+        mid = math.sqrt(rl * rh)
+        return below if abs(math.log(below / mid)) < abs(math.log(above / mid)) else above
+
+
+def _check_args(rate_min: float, rate_max: float | None, tolerance: float, max_probes: int) -> None:
+    src = "search_slo_boundary()"
+    if not (isinstance(rate_min, int | float) and 0 < rate_min < math.inf):
+        raise UsageError(
+            src, "rate_min", rate_min, "must be a finite rate > 0", "set search.rate_min"
+        )
+    if rate_max is not None and not rate_max > rate_min:
+        fix = "set search.rate_max above rate_min or drop it"
+        raise UsageError(src, "rate_max", rate_max, "must be above rate_min", fix)
+    if not 0 < tolerance < 0.5:
+        raise UsageError(src, "tolerance", tolerance, "must be in (0, 0.5)", "e.g. 0.02")
+    if max_probes < 2:
+        raise UsageError(src, "max_probes", max_probes, "must be >= 2", "e.g. 7")
+
+
+def search_slo_boundary(
+    probe: Callable[[float, AbortCheck], ProbeResult],
+    *,
+    slo: Slo,
+    rate_min: float,
+    rate_max: float | None = None,
+    tolerance: float = 0.02,
+    max_probes: int = 7,
+    on_probe: Callable[[int, float, ProbeResult], None] | None = None,
+    abort_policy: AbortPolicy | None = None,
+) -> SearchResult:
+    """Bracket then narrow the SLO boundary to ``hi / lo - 1 <= tolerance``.
+
+    The first probe is at ``rate_min`` (if it fails there is no boundary to report). Rates only
+    go up to ``rate_max`` when given. Non-monotone noise is handled by trusting the lowest
+    failing rate. The reported boundary is always a rate that was probed and met the SLO.
+    """
+    _check_args(rate_min, rate_max, tolerance, max_probes)
+    policy = abort_policy or AbortPolicy()
+    st = _State(slo=slo, g=1.0 + tolerance)
+    probes: list[ProbeResult] = []
+    rate = float(rate_min)
+    note = f"not converged within {max_probes} probes"
+    converged = False
+    while True:
+        res = probe(rate, policy.make(slo, rate))
+        probes.append(res)
+        if on_probe is not None:
+            on_probe(len(probes) - 1, rate, res)
+        st.add(res)
+        if st.lo is None:
+            note = f"SLO not met at the lowest rate {probes[0].rate:g} req/s"
+            break
+        if st.hi is None and rate_max is not None and st.lo[0] >= rate_max:
+            converged, note = True, f"SLO met at rate_max {rate_max:g}; the boundary is higher"
+            break
+        if st.hi is not None and st.hi[0] <= st.lo[0] * st.g * (1 + 1e-9):
+            converged, note = True, "bracketed within tolerance"
+            break
+        if len(probes) >= max_probes:
+            break
+        rate = st.refine() if st.hi is not None else st.expand(rate_max)
+    lo_rate = st.lo[0] if st.lo else None
+    best = next((p for p in probes if p.met and p.rate == lo_rate), None)
+    goodput = best.summary.get("output_tok_s") if best is not None else None
+    return SearchResult(
+        boundary_rate=lo_rate,
+        goodput_tok_s=float(goodput) if isinstance(goodput, int | float) else None,
+        probes=probes,
+        tolerance=tolerance,
+        converged=converged,
+        bracket=(lo_rate, st.hi[0] if st.hi else None),
+        note=note,
+    )

@@ -1,0 +1,431 @@
+"""YAML -> ``Spec``, with one precise error per bad spec.
+
+Every error names the dotted field, the value, the file *and line* and the fix, because a spec is
+edited by hand and read back from a CI log. Lines come from ``yaml.compose`` node marks.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import math
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from pytest_moeperf.errors import UsageError
+from pytest_moeperf.spec.model import (
+    DEFAULT_COOLDOWN_FRACTION,
+    DEFAULT_WARMUP_FRACTION,
+    DERIVED_FLAGS,
+    ArrivalSpec,
+    EngineArgValue,
+    ModelSpec,
+    ParallelismSpec,
+    ScalarArg,
+    SearchSpec,
+    Slo,
+    Spec,
+    WindowSpec,
+    WorkloadSpec,
+)
+
+FieldPath = tuple[str, ...]
+_MISSING: Any = object()
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+
+TOP_FIELDS = (
+    "name", "model", "engine_args", "parallelism", "workload", "arrival", "slo", "search",
+    "window", "runs",
+)  # fmt: skip
+MODEL_FIELDS = ("path", "served_name", "dtype", "max_model_len", "load_format", "tokenizer")
+PARALLEL_FIELDS = ("tensor", "data", "pipeline", "expert")
+WORKLOAD_FIELDS = (
+    "trace", "num_requests", "seed", "input_tokens", "output_tokens", "path", "scale",
+    "max_input_tokens", "max_output_tokens",
+)  # fmt: skip
+ARRIVAL_FIELDS = ("process", "rate", "concurrency", "burstiness")
+SLO_FIELDS = ("ttft_p99_ms", "tpot_p99_ms", "e2el_p99_ms")
+SEARCH_FIELDS = (
+    "rate_min", "rate_max", "tolerance", "max_probes", "probe_requests", "probe_duration_s",
+)  # fmt: skip
+WINDOW_FIELDS = ("warmup_s", "warmup_fraction", "cooldown_fraction")
+TRACES = ("chat-mix-v1", "fixed", "replay")
+PROCESSES = ("poisson", "concurrency")
+
+
+class _Ctx:
+    """Where each field of one spec text sits, and a way to fail pointing at it."""
+
+    def __init__(self, source: str, lines: dict[FieldPath, int]) -> None:
+        self.source = source
+        self.lines = lines
+
+    def line(self, path: FieldPath) -> int:
+        for n in range(len(path), -1, -1):
+            if path[:n] in self.lines:
+                return self.lines[path[:n]]
+        return 1
+
+    def fail(self, path: FieldPath, value: object, problem: str, fix: str) -> NoReturn:
+        where = f"{self.source}:{self.line(path)}"
+        raise UsageError(where, ".".join(path) or "spec", value, problem, fix)
+
+    def mapping(self, value: object, path: FieldPath, allowed: Sequence[str]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            what = "the spec" if not path else f"`{'.'.join(path)}`"
+            self.fail(
+                path, value, f"{what} must be a mapping", f"write {what} as `key: value` lines"
+            )
+        for key in value:
+            if not isinstance(key, str) or key not in allowed:
+                close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+                hint = f"did you mean `{close[0]}`?" if close else "remove it"
+                self.fail(
+                    (*path, str(key)),
+                    key,
+                    "unknown field",
+                    f"{hint} Known fields here: {', '.join(allowed)}",
+                )
+        return value
+
+    def get(self, m: dict[str, Any], path: FieldPath, key: str, default: Any) -> Any:
+        value = m.get(key)
+        if value is None:
+            if default is _MISSING:
+                section = ".".join(path) or "the top level"
+                self.fail(
+                    (*path, key), None, "missing required field", f"add `{key}:` to {section}"
+                )
+            return default
+        return value
+
+    def int_(
+        self,
+        m: dict[str, Any],
+        path: FieldPath,
+        key: str,
+        default: Any = _MISSING,
+        minimum: int = 1,
+    ) -> Any:
+        value = self.get(m, path, key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(
+                (*path, key), value, "must be an integer", f"write a whole number >= {minimum}"
+            )
+        if value < minimum:
+            self.fail((*path, key), value, f"must be >= {minimum}", f"use a value >= {minimum}")
+        return value
+
+    def num(
+        self,
+        m: dict[str, Any],
+        path: FieldPath,
+        key: str,
+        default: Any = _MISSING,
+        *,
+        low: float = 0.0,
+        low_inclusive: bool = False,
+        high: float = math.inf,
+    ) -> Any:
+        value = self.get(m, path, key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            self.fail((*path, key), value, "must be a number", "write a plain number, e.g. 1.5")
+        ok_low = value >= low if low_inclusive else value > low
+        if not ok_low or value >= high or math.isinf(value):
+            rng = f"{'>=' if low_inclusive else '>'} {low:g}" + (
+                f" and < {high:g}" if high < math.inf else ""
+            )
+            self.fail((*path, key), value, f"must be {rng}", f"use a finite number {rng}")
+        return float(value)
+
+    def str_(self, m: dict[str, Any], path: FieldPath, key: str, default: Any = _MISSING) -> Any:
+        value = self.get(m, path, key, default)
+        if value is default and default is not _MISSING:
+            return value
+        if not isinstance(value, str) or not value.strip():
+            self.fail((*path, key), value, "must be a non-empty string", "quote it: key: 'text'")
+        return value
+
+    def choice(
+        self, m: dict[str, Any], path: FieldPath, key: str, options: Sequence[str], default: Any
+    ) -> Any:
+        value = self.str_(m, path, key, default)
+        if value not in options:
+            close = difflib.get_close_matches(str(value), options, n=1, cutoff=0.5)
+            hint = f"did you mean `{close[0]}`? " if close else ""
+            self.fail(
+                (*path, key), value, "unknown choice", f"{hint}use one of {', '.join(options)}"
+            )
+        return value
+
+
+def _line_index(node: yaml.Node, path: FieldPath, out: dict[FieldPath, int], source: str) -> None:
+    """Record the line of every field; reject duplicate keys, which PyYAML would silently merge."""
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        seen: set[str] = set()
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                dotted = ".".join((*path, key))
+                raise UsageError(
+                    f"{source}:{line}", dotted, key, "field given twice", "keep one of the two"
+                )
+            seen.add(key)
+            out[(*path, key)] = line
+            _line_index(value_node, (*path, key), out, source)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_index(item, (*path, str(i)), out, source)
+
+
+def load_spec(path: Path) -> Spec:
+    """Read and validate a spec file; relative paths inside it are relative to its folder."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(
+            str(path), "spec file", str(path), f"cannot be read ({exc.strerror})", "check the path"
+        ) from exc
+    return load_spec_text(text, str(path), base_dir=path.parent.resolve())
+
+
+def load_spec_text(text: str, source: str = "<string>", *, base_dir: Path | None = None) -> Spec:
+    """Validate spec text; ``source`` names it in errors, ``base_dir`` anchors relative paths."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else 1
+        raise UsageError(
+            f"{source}:{line}", "spec", text.splitlines()[line - 1] if text else "",
+            f"is not valid YAML ({exc.problem})", "fix the YAML syntax on that line",
+        ) from exc  # fmt: skip
+    lines: dict[FieldPath, int] = {}
+    if root is not None:
+        _line_index(root, (), lines, source)
+    ctx = _Ctx(source, lines)
+    base = base_dir if base_dir is not None else Path.cwd()
+    return _build(ctx, data, base)
+
+
+def _build(ctx: _Ctx, data: object, base: Path) -> Spec:
+    top = ctx.mapping(data, (), TOP_FIELDS)
+    name = ctx.str_(top, (), "name")
+    if not _NAME_RE.match(name):
+        ctx.fail(("name",), name, "has characters unsafe in file names", "use [A-Za-z0-9._-]")
+    model = _model(ctx, ctx.mapping(ctx.get(top, (), "model", _MISSING), ("model",), MODEL_FIELDS))
+    par_raw = ctx.mapping(ctx.get(top, (), "parallelism", {}), ("parallelism",), PARALLEL_FIELDS)
+    parallelism = _parallelism(ctx, par_raw)
+    engine_args = _engine_args(ctx, ctx.get(top, (), "engine_args", {}))
+    has_search = top.get("search") is not None
+    wl_raw = ctx.mapping(ctx.get(top, (), "workload", _MISSING), ("workload",), WORKLOAD_FIELDS)
+    workload = _workload(ctx, wl_raw, model, base)
+    arr_raw = ctx.mapping(ctx.get(top, (), "arrival", {}), ("arrival",), ARRIVAL_FIELDS)
+    arrival = _arrival(ctx, arr_raw, has_search)
+    slo = _slo(ctx, ctx.mapping(ctx.get(top, (), "slo", _MISSING), ("slo",), SLO_FIELDS))
+    search = None
+    if has_search:
+        search = _search(ctx, ctx.mapping(top["search"], ("search",), SEARCH_FIELDS))
+        if workload.trace == "replay":
+            ctx.fail(
+                ("search",), "replay", "a replay trace keeps its own arrival times",
+                "remove `search` or use trace chat-mix-v1 / fixed",
+            )  # fmt: skip
+    window = _window(ctx, ctx.mapping(ctx.get(top, (), "window", {}), ("window",), WINDOW_FIELDS))
+    runs = ctx.int_(top, (), "runs", 3)
+    return Spec(
+        name=name, model=model, workload=workload, slo=slo, engine_args=engine_args,
+        parallelism=parallelism, arrival=arrival, search=search, window=window, runs=runs,
+        source=ctx.source, base_dir=base,
+    )  # fmt: skip
+
+
+def _model(ctx: _Ctx, m: dict[str, Any]) -> ModelSpec:
+    p: FieldPath = ("model",)
+    return ModelSpec(
+        path=ctx.str_(m, p, "path"),
+        max_model_len=ctx.int_(m, p, "max_model_len", minimum=2),
+        served_name=ctx.str_(m, p, "served_name", None),
+        dtype=ctx.str_(m, p, "dtype", "bfloat16"),
+        load_format=ctx.str_(m, p, "load_format", None),
+        tokenizer=ctx.str_(m, p, "tokenizer", None),
+    )
+
+
+def _parallelism(ctx: _Ctx, m: dict[str, Any]) -> ParallelismSpec:
+    p: FieldPath = ("parallelism",)
+    expert = m.get("expert", False)
+    if not isinstance(expert, bool):
+        ctx.fail((*p, "expert"), expert, "must be true or false", "write `expert: true`")
+    return ParallelismSpec(
+        tensor=ctx.int_(m, p, "tensor", 1),
+        data=ctx.int_(m, p, "data", 1),
+        pipeline=ctx.int_(m, p, "pipeline", 1),
+        expert=expert,
+    )
+
+
+def _engine_args(ctx: _Ctx, raw: object) -> tuple[tuple[str, EngineArgValue], ...]:
+    p: FieldPath = ("engine_args",)
+    if not isinstance(raw, dict):
+        ctx.fail(p, raw, "must be a mapping of vLLM flags", "write e.g. `max-num-seqs: 64`")
+    out: dict[str, EngineArgValue] = {}
+    for key, value in raw.items():
+        kp = (*p, str(key))
+        if not isinstance(key, str) or not _FLAG_RE.match(key):
+            fix = f"write `{str(key).lstrip('-')}:`" if str(key).startswith("-") else "use a-z0-9-"
+            ctx.fail(kp, key, "is not a vLLM flag name (no leading --)", fix)
+        flag = key.replace("_", "-")
+        if flag in DERIVED_FLAGS:
+            ctx.fail(kp, value, "is set from the spec", f"set `{DERIVED_FLAGS[flag]}` instead")
+        if flag in out:
+            ctx.fail(kp, key, "flag given twice (- and _ spellings)", "keep one spelling")
+        if isinstance(value, list):
+            if not value:
+                ctx.fail(kp, value, "empty list", "remove the flag or give at least one value")
+            out[flag] = tuple(_arg_scalar(ctx, (*kp, str(i)), v) for i, v in enumerate(value))
+        elif isinstance(value, dict):
+            out[flag] = json.dumps(value, sort_keys=True, separators=(",", ":"))
+        else:
+            out[flag] = _arg_scalar(ctx, kp, value)
+    return tuple(sorted(out.items()))
+
+
+def _arg_scalar(ctx: _Ctx, path: FieldPath, value: object) -> ScalarArg:
+    if isinstance(value, bool | int | float | str):
+        return value
+    fix = "give a string, number, true/false, a list of those, or a mapping (sent as JSON)"
+    ctx.fail(path, value, "unsupported value", fix)
+
+
+def _workload(ctx: _Ctx, m: dict[str, Any], model: ModelSpec, base: Path) -> WorkloadSpec:
+    p: FieldPath = ("workload",)
+    trace = ctx.choice(m, p, "trace", TRACES, _MISSING)
+    for key, only in (("input_tokens", "fixed"), ("output_tokens", "fixed"), ("path", "replay")):
+        if key in m and trace != only:
+            ctx.fail((*p, key), m[key], f"only used by trace `{only}`", f"remove `{key}`")
+    n_default = None if trace == "replay" else _MISSING
+    num_requests = ctx.int_(m, p, "num_requests", n_default)
+    scale = ctx.num(m, p, "scale", 1.0)
+    max_in = ctx.int_(m, p, "max_input_tokens", None)
+    max_out = ctx.int_(m, p, "max_output_tokens", None)
+    inp = out = None
+    path = digest = resolved = None
+    if trace == "fixed":
+        inp, out = ctx.int_(m, p, "input_tokens"), ctx.int_(m, p, "output_tokens")
+        from pytest_moeperf.spec.traces import scaled_length
+
+        eff_in, eff_out = scaled_length(inp, scale, max_in), scaled_length(out, scale, max_out)
+        if eff_in + eff_out > model.max_model_len:
+            ctx.fail(
+                (*p, "input_tokens"), inp,
+                f"input + output = {eff_in} + {eff_out} tokens exceeds model.max_model_len "
+                f"({model.max_model_len})",
+                "lower input_tokens / output_tokens / scale or raise model.max_model_len",
+            )  # fmt: skip
+    elif trace == "replay":
+        path = ctx.str_(m, p, "path")
+        resolved = Path(path).expanduser()
+        if not resolved.is_absolute():
+            resolved = (base / resolved).resolve()
+        try:
+            digest = hashlib.sha256(resolved.read_bytes()).hexdigest()
+        except OSError as exc:
+            ctx.fail(
+                (*p, "path"), path, f"cannot read {resolved} ({exc.strerror})",
+                "give a JSONL trace path relative to the spec file",
+            )  # fmt: skip
+        from pytest_moeperf.spec.traces import read_replay
+
+        n_lines = len(read_replay(resolved))
+        if num_requests is not None and num_requests > n_lines:
+            ctx.fail(
+                (*p, "num_requests"), num_requests, f"the trace has only {n_lines} requests",
+                f"use num_requests <= {n_lines} or omit it to replay the whole trace",
+            )  # fmt: skip
+    return WorkloadSpec(
+        trace=trace, num_requests=num_requests, seed=ctx.int_(m, p, "seed", 0, minimum=0),
+        input_tokens=inp, output_tokens=out, path=path, scale=scale, max_input_tokens=max_in,
+        max_output_tokens=max_out, trace_sha256=digest, resolved_path=resolved,
+    )  # fmt: skip
+
+
+def _arrival(ctx: _Ctx, m: dict[str, Any], has_search: bool) -> ArrivalSpec:
+    p: FieldPath = ("arrival",)
+    process = ctx.choice(m, p, "process", PROCESSES, "poisson")
+    burstiness = ctx.num(m, p, "burstiness", 1.0)
+    if process == "poisson":
+        if "concurrency" in m:
+            fix = "remove it or set `process: concurrency`"
+            ctx.fail((*p, "concurrency"), m["concurrency"], "not used by process poisson", fix)
+        rate = ctx.num(m, p, "rate", None if has_search else _MISSING)
+        return ArrivalSpec(process="poisson", rate=rate, burstiness=burstiness)
+    if "rate" in m:
+        fix = "remove it or set `process: poisson`"
+        ctx.fail((*p, "rate"), m["rate"], "not used by process concurrency", fix)
+    if has_search:
+        ctx.fail(
+            (*p, "process"), process, "the SLO search varies a Poisson rate",
+            "set `process: poisson` or remove `search`",
+        )  # fmt: skip
+    concurrency = ctx.int_(m, p, "concurrency")
+    return ArrivalSpec(process="concurrency", concurrency=concurrency, burstiness=burstiness)
+
+
+def _slo(ctx: _Ctx, m: dict[str, Any]) -> Slo:
+    p: FieldPath = ("slo",)
+    return Slo(
+        ttft_p99_ms=ctx.num(m, p, "ttft_p99_ms"),
+        tpot_p99_ms=ctx.num(m, p, "tpot_p99_ms"),
+        e2el_p99_ms=ctx.num(m, p, "e2el_p99_ms", None),
+    )
+
+
+def _search(ctx: _Ctx, m: dict[str, Any]) -> SearchSpec:
+    p: FieldPath = ("search",)
+    rate_min = ctx.num(m, p, "rate_min")
+    rate_max = ctx.num(m, p, "rate_max", None)
+    if rate_max is not None and rate_max <= rate_min:
+        fix = f"use rate_max > rate_min ({rate_min:g}) or omit it"
+        ctx.fail((*p, "rate_max"), rate_max, "must be above rate_min", fix)
+    if "probe_requests" in m and "probe_duration_s" in m:
+        ctx.fail(
+            (*p, "probe_duration_s"), m["probe_duration_s"],
+            "probe_requests and probe_duration_s are exclusive", "keep one of the two",
+        )  # fmt: skip
+    return SearchSpec(
+        rate_min=rate_min,
+        rate_max=rate_max,
+        tolerance=ctx.num(m, p, "tolerance", 0.02, high=0.5),
+        max_probes=ctx.int_(m, p, "max_probes", 7, minimum=2),
+        probe_requests=ctx.int_(m, p, "probe_requests", None),
+        probe_duration_s=ctx.num(m, p, "probe_duration_s", None),
+    )
+
+
+def _window(ctx: _Ctx, m: dict[str, Any]) -> WindowSpec:
+    p: FieldPath = ("window",)
+    if "warmup_s" in m and "warmup_fraction" in m:
+        fix = "keep one of the two"
+        ctx.fail((*p, "warmup_fraction"), m["warmup_fraction"], "exclusive with warmup_s", fix)
+    warmup_s = ctx.num(m, p, "warmup_s", None, low_inclusive=True)
+    wf_default = None if warmup_s is not None else DEFAULT_WARMUP_FRACTION
+    wf = ctx.num(m, p, "warmup_fraction", wf_default, low_inclusive=True, high=1.0)
+    cf = ctx.num(m, p, "cooldown_fraction", DEFAULT_COOLDOWN_FRACTION, low_inclusive=True, high=1.0)
+    if (wf or 0.0) + cf >= 1.0:
+        fix = "keep warmup_fraction + cooldown_fraction below 1 (e.g. 0.1 + 0.1)"
+        ctx.fail((*p, "cooldown_fraction"), cf, "the window would be empty", fix)
+    return WindowSpec(warmup_s=warmup_s, warmup_fraction=wf, cooldown_fraction=cf)

@@ -1,0 +1,201 @@
+"""A workload spec as frozen dataclasses: what to serve, what traffic to send, what SLO to meet.
+
+The spec is the unit a baseline is keyed on, so it is immutable, has a canonical dict form and a
+stable content hash. Paths stay exactly as written (relative to the spec file) so the hash does
+not change from one checkout to another; ``Spec.base_dir`` resolves them at run time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+TraceKind = Literal["chat-mix-v1", "fixed", "replay"]
+ArrivalProcess = Literal["poisson", "concurrency"]
+ScalarArg = str | int | float | bool
+EngineArgValue = ScalarArg | tuple[ScalarArg, ...]
+
+#: Default window when a spec has no ``window`` section: drop the first and last tenth.
+DEFAULT_WARMUP_FRACTION = 0.1
+DEFAULT_COOLDOWN_FRACTION = 0.1
+
+#: vLLM flags the spec derives from ``model`` / ``parallelism``; engine_args may not set them.
+DERIVED_FLAGS: dict[str, str] = {
+    "tensor-parallel-size": "parallelism.tensor",
+    "data-parallel-size": "parallelism.data",
+    "pipeline-parallel-size": "parallelism.pipeline",
+    "enable-expert-parallel": "parallelism.expert",
+    "dtype": "model.dtype",
+    "max-model-len": "model.max_model_len",
+    "load-format": "model.load_format",
+    "served-model-name": "model.served_name",
+    "tokenizer": "model.tokenizer",
+    "model": "model.path",
+}
+
+
+def is_named_model(path: str) -> bool:
+    """A bare name ("embedded", "qwen3-30b-a3b-shape") is resolved by the plugin, not the disk."""
+    return "/" not in path and "\\" not in path and not path.startswith((".", "~"))
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    path: str
+    max_model_len: int
+    served_name: str | None = None
+    dtype: str = "bfloat16"
+    load_format: str | None = None
+    tokenizer: str | None = None
+
+
+@dataclass(frozen=True)
+class ParallelismSpec:
+    tensor: int = 1
+    data: int = 1
+    pipeline: int = 1
+    expert: bool = False
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Request lengths and count. ``resolved_path`` is where a replay trace lies on this disk."""
+
+    trace: TraceKind
+    num_requests: int | None
+    seed: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    path: str | None = None
+    scale: float = 1.0
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    trace_sha256: str | None = None
+    resolved_path: Path | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ArrivalSpec:
+    process: ArrivalProcess = "poisson"
+    rate: float | None = None
+    concurrency: int | None = None
+    burstiness: float = 1.0
+
+
+@dataclass(frozen=True)
+class Slo:
+    """p99 targets in milliseconds; a run meets the SLO when every given p99 is at or below it."""
+
+    ttft_p99_ms: float
+    tpot_p99_ms: float
+    e2el_p99_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    rate_min: float
+    rate_max: float | None = None
+    tolerance: float = 0.02
+    max_probes: int = 7
+    probe_requests: int | None = None
+    probe_duration_s: float | None = None
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Steady-state window: ramp-up (warmup) and drain (cooldown) are cut off before summarizing."""
+
+    warmup_s: float | None = None
+    warmup_fraction: float | None = DEFAULT_WARMUP_FRACTION
+    cooldown_fraction: float = DEFAULT_COOLDOWN_FRACTION
+
+    def resolve(self, send_span_s: float) -> tuple[float, float]:
+        """(warmup_s, cooldown_s) for a run whose sends span ``send_span_s`` seconds."""
+        if self.warmup_s is not None:
+            warmup = self.warmup_s
+        else:
+            warmup = (self.warmup_fraction or 0.0) * send_span_s
+        return warmup, self.cooldown_fraction * send_span_s
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    model: ModelSpec
+    workload: WorkloadSpec
+    slo: Slo
+    engine_args: tuple[tuple[str, EngineArgValue], ...] = ()
+    parallelism: ParallelismSpec = field(default_factory=ParallelismSpec)
+    arrival: ArrivalSpec = field(default_factory=ArrivalSpec)
+    search: SearchSpec | None = None
+    window: WindowSpec = field(default_factory=WindowSpec)
+    runs: int = 3
+    source: str = field(default="<string>", compare=False)
+    base_dir: Path = field(default_factory=Path.cwd, compare=False, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Canonical content: every default filled in, no machine-specific paths."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name in ("source", "base_dir"):
+                continue
+            value = getattr(self, f.name)
+            if f.name == "engine_args":
+                out[f.name] = {k: list(v) if isinstance(v, tuple) else v for k, v in value}
+            elif value is None:
+                out[f.name] = None
+            elif isinstance(value, int | str):
+                out[f.name] = value
+            else:
+                d = asdict(value)
+                d.pop("resolved_path", None)
+                out[f.name] = d
+        return out
+
+    def hash(self) -> str:
+        """sha256 of the canonical JSON; equal for specs that differ only in layout or defaults."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def resolve_path(self, path: str) -> Path:
+        """A path from the spec, relative to the spec file's folder."""
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else (self.base_dir / p).resolve()
+
+    def model_location(self) -> str:
+        """The name ("embedded") or the absolute local folder to hand to ``vllm serve``."""
+        if is_named_model(self.model.path):
+            return self.model.path
+        return str(self.resolve_path(self.model.path))
+
+    def vllm_args(self) -> list[str]:
+        """vLLM CLI flags for this spec, without the model itself (``vllm serve MODEL <flags>``)."""
+        m, p = self.model, self.parallelism
+        args: list[str] = []
+        if m.served_name is not None:
+            args += ["--served-model-name", m.served_name]
+        args += ["--dtype", m.dtype, "--max-model-len", str(m.max_model_len)]
+        if m.load_format is not None:
+            args += ["--load-format", m.load_format]
+        if m.tokenizer is not None:
+            tok = m.tokenizer
+            args += ["--tokenizer", tok if is_named_model(tok) else str(self.resolve_path(tok))]
+        args += ["--tensor-parallel-size", str(p.tensor)]
+        args += ["--data-parallel-size", str(p.data)]
+        args += ["--pipeline-parallel-size", str(p.pipeline)]
+        if p.expert:
+            args.append("--enable-expert-parallel")
+        for key, value in self.engine_args:
+            flag = "--" + key
+            values = value if isinstance(value, tuple) else (value,)
+            for v in values:
+                if v is True:
+                    args.append(flag)
+                elif v is False:
+                    continue
+                else:
+                    args += [flag, str(v)]
+        return args
