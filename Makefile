@@ -32,6 +32,7 @@ perf: setup
 	$(PY) -m pytest perf_tests $(PERF_ARGS)
 
 test: setup browser
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 true
 	$(PY) -m pytest tests $(TEST_ARGS)
 
 lint: setup

