@@ -101,6 +101,19 @@ def _accuracy_verdict(baseline: Baseline, candidate: dict[str, Any], gate: Accur
     return verdict.to_dict()
 
 
+def json_safe(value: Any) -> Any:
+    """Strict JSON for stored files: a non-finite float (a p99 over failed requests) -> None."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
+
+
 def refresh(
     store: BaselineStore, test_id: str, key: BaselineKey, metrics: Mapping[str, Sequence[float]],
     runs: list[dict[str, Any]], *, accuracy: dict[str, Any] | None, reason: str,
@@ -112,7 +125,7 @@ def refresh(
     kept = {k: [float(x) for x in v] for k, v in metrics.items() if v and all(
         x is not None for x in v)}  # fmt: skip
     baseline = Baseline(
-        test_id=test_id, key=key, metrics=kept, runs=runs, accuracy=accuracy,
+        test_id=test_id, key=key, metrics=kept, runs=json_safe(runs), accuracy=accuracy,
         provenance=Provenance.collect(reason or "refreshed (no reason given: --moeperf-reason)"),
     )  # fmt: skip
     if extra:

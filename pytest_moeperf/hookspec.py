@@ -27,7 +27,10 @@ def pytest_moeperf_energy_meter(
 
 
 def pytest_moeperf_server_command(config: pytest.Config, command: list[str]) -> None:
-    """Called with the vLLM command line before the server starts; may append arguments."""
+    """Called with the vLLM arguments (after the model) before a server starts; may append.
+
+    vLLM takes the last value of a repeated flag, so appending overrides the spec.
+    """
 
 
 def pytest_moeperf_result(config: pytest.Config, nodeid: str, result: dict[str, Any]) -> None:

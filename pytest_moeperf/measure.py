@@ -131,7 +131,9 @@ class PerfTest:
             return (Endpoint(plan.server_url, model), None,
                     f"declared, not set: external server {plan.server_url}")  # fmt: skip
         model_dir = self._model_dir(plan.spec)
-        server = self.factory(model_dir, plan.spec.vllm_args(), name=plan.moe.name,
+        args = plan.spec.vllm_args()
+        self.config.hook.pytest_moeperf_server_command(config=self.config, command=args)
+        server = self.factory(model_dir, args, name=plan.moe.name,
                               moe_config_folder=plan.moe.folder,
                               moe_config_files=plan.moe.files)  # fmt: skip
         self._server = server
@@ -182,22 +184,36 @@ class PerfTest:
             meter = make_default_meter(list(env.gpu_indices))
         vocab = _vocab_size(model_dir)
         mbu_inputs = self._mbu_inputs(plan, model_dir, env)
-        rate_min = plan.spec.search.rate_min if plan.spec.search else (plan.spec.arrival.rate or 1)
+        spec_rate_min = (plan.spec.search.rate_min if plan.spec.search
+                         else (plan.spec.arrival.rate or 1.0))  # fmt: skip
+        rate_min = spec_rate_min
         out: list[RunMeasurement] = []
-        tw = self.config.get_terminal_writer()
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
         for i in range(plan.runs):
             def progress(k: int, rate: float, res: Any, i: int = i) -> None:
                 s = res.summary
-                tw.line(f"moeperf {self.item.name}: run {i + 1}/{plan.runs} probe {k + 1} "
+                if tr is None:
+                    return
+                capman = self.config.pluginmanager.get_plugin("capturemanager")
+                with capman.global_and_fixture_disabled() if capman else _null():
+                    tr.write_line(f"moeperf {self.item.name}: run {i + 1}/{plan.runs} probe {k + 1} "
                         f"rate {rate:.3g} req/s: {'met' if res.met else 'missed'} "
                         f"(ttft p99 {s['ttft']['p99_ms']:.0f} ms, tpot p99 "
-                        f"{s['tpot']['p99_ms']:.1f} ms, attainment "
-                        f"{100 * s['slo_attainment']:.0f} %)")  # fmt: skip
+                                  f"{s['tpot']['p99_ms']:.1f} ms, attainment "
+                                  f"{100 * s['slo_attainment']:.0f} %)")  # fmt: skip
 
-            run = measure_run(endpoint, plan.spec, plan.slo, index=i, meter=meter,
-                              vocab_size=vocab, rate_min=rate_min,
-                              probe_requests=plan.probe_requests, max_probes=plan.max_probes,
-                              mbu_inputs=mbu_inputs, on_probe=progress)  # fmt: skip
+            def once(start: float, i: int = i, progress: Any = progress) -> RunMeasurement:
+                return measure_run(endpoint, plan.spec, plan.slo, index=i, meter=meter,
+                                   vocab_size=vocab, rate_min=start,
+                                   probe_requests=plan.probe_requests,
+                                   max_probes=plan.max_probes, mbu_inputs=mbu_inputs,
+                                   on_probe=progress)  # fmt: skip
+
+            run = once(rate_min)
+            if run.search.boundary_rate is None and rate_min > spec_rate_min:
+                # the warm start (just under the last boundary) missed: search from the spec's
+                # own lowest rate rather than report a run without a boundary
+                run = once(spec_rate_min)
             out.append(run)
             if run.search.boundary_rate is not None:
                 rate_min = run.search.boundary_rate * 0.9  # next run starts near the boundary
@@ -281,7 +297,9 @@ class PerfTest:
             gate_reasons = [r for r in reasons if r not in outcome.failures]
             why = partial or ("quick mode" if plan.quick else None) or (
                 "; ".join(gate_reasons) if gate_reasons else None) or (
-                None if len(runs) == plan.runs else "not every run completed")
+                None if len(runs) == plan.runs and all(
+                    r.metrics.get("slo_goodput_tok_s") is not None for r in runs)
+                else "not every run completed with an SLO boundary")
             status = gates.refresh(
                 store, test_id, key, metrics, [r.to_dict() for r in runs], accuracy=accuracy,
                 reason=str(options.value(self.config, "moeperf_reason") or ""),
@@ -309,6 +327,12 @@ class PerfTest:
         else:
             lines.append(f"baseline: {data['baseline']['status']} ({data['baseline']['path']})")
         return "\n".join(lines)
+
+
+def _null() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def _metric_entry(name: str, values: list[float], runs: list[RunMeasurement]) -> dict[str, Any]:

@@ -111,12 +111,18 @@ class MoePerfSession:
                 self.warnings.append(f"report not written: {type(exc).__name__}: {exc}")
 
 
+def _finite(value: Any) -> Any:
+    from pytest_moeperf.gates import json_safe
+
+    return json_safe(value)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True, default=str)
+            json.dump(_finite(data), f, indent=1, sort_keys=True, default=str, allow_nan=False)
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())

