@@ -1,4 +1,4 @@
-"""The ``moeperf`` console script: ``moeperf compare A.json B.json`` and ``moeperf report RUN.json``.
+"""The ``moeperf`` console script: ``moeperf compare A.json B.json``, ``moeperf report RUN.json``.
 
 Both work outside pytest, on files written by a pytest run, so a CI step or a reviewer can re-judge
 or re-render without re-measuring.

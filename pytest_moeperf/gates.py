@@ -57,11 +57,16 @@ def compare(
             baseline = store.load(test_id, others[0])
             path = str(store.path_for(test_id, others[0]))
         elif others:
-            text = key.describe_mismatches(others[0]) if not usable else (
-                "software differs: " + ", ".join(usable[0].software_mismatches(key)))
+            text = (
+                key.describe_mismatches(others[0])
+                if not usable
+                else ("software differs: " + ", ".join(usable[0].software_mismatches(key)))
+            )
             out = BaselineOutcome("other-hardware", str(store.path_for(test_id, others[0])))
-            msg = (f"baseline for {test_id} exists only for another setup ({text}); not compared. "
-                   f"Record one here with `{hint}` or pass --moeperf-allow-other-hardware")
+            msg = (
+                f"baseline for {test_id} exists only for another setup ({text}); not compared. "
+                f"Record one here with `{hint}` or pass --moeperf-allow-other-hardware"
+            )
             (out.failures if ci_mode else out.warnings).append(msg)
             return out
         if baseline is None:
@@ -115,9 +120,17 @@ def json_safe(value: Any) -> Any:
 
 
 def refresh(
-    store: BaselineStore, test_id: str, key: BaselineKey, metrics: Mapping[str, Sequence[float]],
-    runs: list[dict[str, Any]], *, accuracy: dict[str, Any] | None, reason: str,
-    complete: bool, why_incomplete: str | None, extra: dict[str, Any] | None = None,
+    store: BaselineStore,
+    test_id: str,
+    key: BaselineKey,
+    metrics: Mapping[str, Sequence[float]],
+    runs: list[dict[str, Any]],
+    *,
+    accuracy: dict[str, Any] | None,
+    reason: str,
+    complete: bool,
+    why_incomplete: str | None,
+    extra: dict[str, Any] | None = None,
 ) -> str:
     """Write the baseline (atomically, via the store) or say why it was not written."""
     if not complete:

@@ -40,14 +40,15 @@ MARKERS: dict[str, tuple[Callable[..., None], str]] = {
     "moeperf_slo": (_moeperf_slo, "SLO gate: p99 TTFT and p99 TPOT limits in ms (and optionally "
                     "p99 end-to-end latency); overrides the spec's slo."),
     "moeperf_accuracy": (_moeperf_accuracy, "accuracy gate: task (gsm8k), few-shot count and "
-                         "the largest allowed drop in points vs the baseline, paired per question."),
+                         "the largest allowed drop in points vs the baseline, paired per "
+                         "question."),
     "moeperf_moe_config": (_moeperf_moe_config, "fused-MoE config for the test's server: a folder "
                            "of vLLM config JSON files, 'in-tree', or files={name: path-or-dict}."),
 }  # fmt: skip
 
 
 def register(config: pytest.Config) -> None:
-    for name, (fn, text) in MARKERS.items():
+    for name, (_fn, text) in MARKERS.items():
         config.addinivalue_line("markers", f"{name}{signature_text(name)}: {text}")
 
 
@@ -111,8 +112,13 @@ def _bind(item: pytest.Item, name: str) -> tuple[inspect.BoundArguments, str] | 
     try:
         bound = sig.bind(*mark.args, **mark.kwargs)
     except TypeError as exc:
-        raise UsageError(source, "arguments", _call_text(mark), str(exc),
-                         f"use @pytest.mark.{name}{signature_text(name)}") from None
+        raise UsageError(
+            source,
+            "arguments",
+            _call_text(mark),
+            str(exc),
+            f"use @pytest.mark.{name}{signature_text(name)}",
+        ) from None
     bound.apply_defaults()
     return bound, source
 
@@ -126,11 +132,21 @@ def _number(source: str, field: str, value: object, *, allow_none: bool = False)
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UsageError(source, field, value, "not a number",
-                         f"give {field} in milliseconds as a positive number, e.g. {field}=200")
+        raise UsageError(
+            source,
+            field,
+            value,
+            "not a number",
+            f"give {field} in milliseconds as a positive number, e.g. {field}=200",
+        )
     if not math.isfinite(value) or value <= 0:
-        raise UsageError(source, field, value, "must be a finite number > 0",
-                         f"give {field} in milliseconds as a positive number, e.g. {field}=200")
+        raise UsageError(
+            source,
+            field,
+            value,
+            "must be a finite number > 0",
+            f"give {field} in milliseconds as a positive number, e.g. {field}=200",
+        )
     return float(value)
 
 
@@ -156,15 +172,30 @@ def accuracy_gate(item: pytest.Item) -> AccuracyGate | None:
     if task != "gsm8k":
         raise UsageError(source, "task", task, "unknown accuracy task", "use task='gsm8k'")
     if isinstance(shots, bool) or not isinstance(shots, int) or not 0 <= shots <= 8:
-        raise UsageError(source, "shots", shots, "must be an integer from 0 to 8",
-                         "use shots=5 (lm-eval's gsm8k default)")
+        raise UsageError(
+            source,
+            "shots",
+            shots,
+            "must be an integer from 0 to 8",
+            "use shots=5 (lm-eval's gsm8k default)",
+        )
     if (isinstance(max_drop, bool) or not isinstance(max_drop, int | float)
             or not math.isfinite(max_drop) or max_drop < 0):  # fmt: skip
-        raise UsageError(source, "max_drop", max_drop, "must be a number of points >= 0",
-                         "e.g. max_drop=1.0 allows a drop of one accuracy point")
+        raise UsageError(
+            source,
+            "max_drop",
+            max_drop,
+            "must be a number of points >= 0",
+            "e.g. max_drop=1.0 allows a drop of one accuracy point",
+        )
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise UsageError(source, "limit", limit, "must be an integer >= 1 or None",
-                         "e.g. limit=50 runs the first 50 test questions")
+        raise UsageError(
+            source,
+            "limit",
+            limit,
+            "must be an integer >= 1 or None",
+            "e.g. limit=50 runs the first 50 test questions",
+        )
     return AccuracyGate(task, shots, float(max_drop), limit, source)
 
 
@@ -175,25 +206,45 @@ def moe_config_choice(item: pytest.Item) -> MoeConfigChoice | None:
     b, source = got
     folder, files, name = b.arguments["folder"], b.arguments["files"], b.arguments["name"]
     if folder is not None and files is not None:
-        raise UsageError(source, "folder/files", (folder, "files=..."), "give one, not both",
-                         "pass folder='path' or files={'E=...json': path_or_dict}")
+        raise UsageError(
+            source,
+            "folder/files",
+            (folder, "files=..."),
+            "give one, not both",
+            "pass folder='path' or files={'E=...json': path_or_dict}",
+        )
     if files is not None:
         if not isinstance(files, Mapping) or not files:
-            raise UsageError(source, "files", files, "must be a non-empty mapping",
-                             "files={'E=128,N=768,device_name=NVIDIA_H200.json': path_or_dict}")
+            raise UsageError(
+                source,
+                "files",
+                files,
+                "must be a non-empty mapping",
+                "files={'E=128,N=768,device_name=NVIDIA_H200.json': path_or_dict}",
+            )
         return MoeConfigChoice(name or "custom", None, files, source)
     if folder is None or folder == IN_TREE:
         return MoeConfigChoice(name or IN_TREE, None, None, source)
     if not isinstance(folder, str | Path):
-        raise UsageError(source, "folder", folder, "must be a path or 'in-tree'",
-                         "pass folder='configs/my-tuning' or folder='in-tree'")
+        raise UsageError(
+            source,
+            "folder",
+            folder,
+            "must be a path or 'in-tree'",
+            "pass folder='configs/my-tuning' or folder='in-tree'",
+        )
     p = Path(folder)
     if not p.is_absolute():
         p = Path(str(item.path)).parent / p
     if not p.is_dir():
-        raise UsageError(source, "folder", str(folder), f"no such directory ({p})",
-                         "point folder at a directory holding E=...,N=...,device_name=....json "
-                         "files, relative to the test file")
+        raise UsageError(
+            source,
+            "folder",
+            str(folder),
+            f"no such directory ({p})",
+            "point folder at a directory holding E=...,N=...,device_name=....json "
+            "files, relative to the test file",
+        )
     return MoeConfigChoice(name or p.name, p, None, source)
 
 
@@ -204,15 +255,30 @@ def spec_choice(item: pytest.Item, specs_dir: Path) -> SpecChoice | None:
     b, source = got
     raw, runs = b.arguments["path"], b.arguments["runs"]
     if not isinstance(raw, str | Path):
-        raise UsageError(source, "path", raw, "must be a path to a YAML spec",
-                         "e.g. @pytest.mark.moeperf_spec('cpu-smoke.yaml')")
+        raise UsageError(
+            source,
+            "path",
+            raw,
+            "must be a path to a YAML spec",
+            "e.g. @pytest.mark.moeperf_spec('cpu-smoke.yaml')",
+        )
     if runs is not None and (isinstance(runs, bool) or not isinstance(runs, int) or runs < 1):
-        raise UsageError(source, "runs", runs, "must be an integer >= 1",
-                         "e.g. runs=5; the variance band needs at least 3")
+        raise UsageError(
+            source,
+            "runs",
+            runs,
+            "must be an integer >= 1",
+            "e.g. runs=5; the variance band needs at least 3",
+        )
     candidates = [Path(str(item.path)).parent / raw, specs_dir / raw, Path(raw)]
     for c in candidates:
         if c.is_file():
             return SpecChoice(c, runs, source)
     tried = ", ".join(str(c) for c in candidates)
-    raise UsageError(source, "path", str(raw), f"spec file not found (tried {tried})",
-                     f"put the spec in {specs_dir} or give a path relative to the test file")
+    raise UsageError(
+        source,
+        "path",
+        str(raw),
+        f"spec file not found (tried {tried})",
+        f"put the spec in {specs_dir} or give a path relative to the test file",
+    )

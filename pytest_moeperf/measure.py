@@ -79,7 +79,8 @@ class PerfTest:
         if quick:
             probe_requests, max_probes = max(10, probe_requests // 2), min(max_probes, 4)
         moe = markers.moe_config_choice(self.item) or markers.MoeConfigChoice(
-            markers.IN_TREE, None, None, "default (in-tree)")
+            markers.IN_TREE, None, None, "default (in-tree)"
+        )
         return Plan(spec, slo, slo_source, runs, quick, moe, markers.accuracy_gate(self.item),
                     options.value(self.config, "moeperf_server_url"), probe_requests,
                     max_probes)  # fmt: skip
@@ -103,7 +104,8 @@ class PerfTest:
             reasons.append(partial)
             data["partial_probes"] = died.partial
         metrics: dict[str, list[float]] = {
-            n: [v for r in runs if (v := r.metrics.get(n)) is not None] for n in METRIC_UNITS}
+            n: [v for r in runs if (v := r.metrics.get(n)) is not None] for n in METRIC_UNITS
+        }
         data["metrics"] = {n: _metric_entry(n, v, runs) for n, v in metrics.items()}
         data["search_runs"] = [r.to_dict() for r in runs]
         if runs and not metrics["slo_goodput_tok_s"]:
@@ -165,8 +167,15 @@ class PerfTest:
 
         server = getattr(self, "_server", None)
         log = server.log_text() if server is not None else ""
-        backend = "external" if plan.server_url else (
-            "cpu" if server is not None and server.moe_observation().backend == "cpu" else "cuda")
+        backend = (
+            "external"
+            if plan.server_url
+            else (
+                "cpu"
+                if server is not None and server.moe_observation().backend == "cpu"
+                else "cuda"
+            )
+        )
         p = plan.spec.parallelism
         return environment.collect(engine_version=engine_version(log) if log else None,
                                    backend_hint=backend,
@@ -179,7 +188,8 @@ class PerfTest:
         from pytest_moeperf.metrics.energy import make_default_meter
 
         meter = self.config.hook.pytest_moeperf_energy_meter(
-            config=self.config, device_indices=list(env.gpu_indices))
+            config=self.config, device_indices=list(env.gpu_indices)
+        )
         if meter is None:
             meter = make_default_meter(list(env.gpu_indices))
         vocab = _vocab_size(model_dir)
@@ -190,13 +200,15 @@ class PerfTest:
         out: list[RunMeasurement] = []
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         for i in range(plan.runs):
+
             def progress(k: int, rate: float, res: Any, i: int = i) -> None:
                 s = res.summary
                 if tr is None:
                     return
                 capman = self.config.pluginmanager.get_plugin("capturemanager")
                 with capman.global_and_fixture_disabled() if capman else _null():
-                    tr.write_line(f"moeperf {self.item.name}: run {i + 1}/{plan.runs} probe {k + 1} "
+                    tr.write_line(f"moeperf {self.item.name}: run {i + 1}/{plan.runs} "
+                        f"probe {k + 1} "
                         f"rate {rate:.3g} req/s: {'met' if res.met else 'missed'} "
                         f"(ttft p99 {s['ttft']['p99_ms']:.0f} ms, tpot p99 "
                                   f"{s['tpot']['p99_ms']:.1f} ms, attainment "
@@ -228,8 +240,13 @@ class PerfTest:
         override = options.value(self.config, "moeperf_hbm_bandwidth")
         override_bs = float(override) * 1e12 if override else None
         if env.accelerator == "cpu" and override_bs is None:
-            return MbuInputs(None, plan.spec.model.dtype, 1, None,
-                             "no rated HBM bandwidth for a CPU (set --moeperf-hbm-bandwidth)")
+            return MbuInputs(
+                None,
+                plan.spec.model.dtype,
+                1,
+                None,
+                "no rated HBM bandwidth for a CPU (set --moeperf-hbm-bandwidth)",
+            )
         bw, source = rated_bandwidth(env.accelerator, override_bs)
         shape = load_model_shape(model_dir / "config.json")
         return MbuInputs(shape, plan.spec.model.dtype, max(1, env.gpu_count), bw, source)
@@ -272,18 +289,33 @@ class PerfTest:
         if model_dir is not None:
             model = f"{model}@{model_fingerprint(model_dir)}"
         p = plan.spec.parallelism
-        key = BaselineKey(backend=env.backend, gpu_name=env.accelerator,
-                          gpu_count=env.gpu_count, driver=env.driver, cuda=env.cuda,
-                          vllm_version=env.vllm_version, model=model,
-                          dtype=plan.spec.model.dtype, tp=p.tensor, dp=p.data,
-                          spec_hash=plan.spec.hash()[:16],
-                          moe_config_hash=config_hash(folder) if folder else "declared")
+        key = BaselineKey(
+            backend=env.backend,
+            gpu_name=env.accelerator,
+            gpu_count=env.gpu_count,
+            driver=env.driver,
+            cuda=env.cuda,
+            vllm_version=env.vllm_version,
+            model=model,
+            dtype=plan.spec.model.dtype,
+            tp=p.tensor,
+            dp=p.data,
+            spec_hash=plan.spec.hash()[:16],
+            moe_config_hash=config_hash(folder) if folder else "declared",
+        )
         test_id = self.item.nodeid
         target = self.item.nodeid.split("::")[0]
         outcome = gates.compare(
-            store, test_id, key, metrics, ci_mode=bool(options.value(self.config, "moeperf_ci")),
+            store,
+            test_id,
+            key,
+            metrics,
+            ci_mode=bool(options.value(self.config, "moeperf_ci")),
             allow_other_hardware=bool(options.value(self.config, "moeperf_allow_other_hardware")),
-            target=target, accuracy=accuracy, accuracy_gate=plan.accuracy)
+            target=target,
+            accuracy=accuracy,
+            accuracy_gate=plan.accuracy,
+        )
         self._verdicts = outcome.verdicts
         data["verdicts"] = [v.to_dict() for v in outcome.verdicts]
         data["baseline"] = {"path": outcome.path, "status": outcome.status,
@@ -294,12 +326,19 @@ class PerfTest:
             self.session.warn(f"{test_id}: {w}")
         reasons.extend(outcome.failures)
         if options.value(self.config, "moeperf_refresh_baselines"):
-            gate_reasons = [r for r in reasons if r not in outcome.failures]
-            why = partial or ("quick mode" if plan.quick else None) or (
-                "; ".join(gate_reasons) if gate_reasons else None) or (
-                None if len(runs) == plan.runs and all(
-                    r.metrics.get("slo_goodput_tok_s") is not None for r in runs)
-                else "not every run completed with an SLO boundary")
+            # A failed test never overwrites a baseline, a regression included: to accept a
+            # slower result on purpose, remove the old file in the same commit, then refresh.
+            why = (
+                partial
+                or ("quick mode" if plan.quick else None)
+                or (("the test failed: " + "; ".join(reasons)) if reasons else None)
+                or (
+                    None
+                    if len(runs) == plan.runs
+                    and all(r.metrics.get("slo_goodput_tok_s") is not None for r in runs)
+                    else "not every run completed with an SLO boundary"
+                )
+            )
             status = gates.refresh(
                 store, test_id, key, metrics, [r.to_dict() for r in runs], accuracy=accuracy,
                 reason=str(options.value(self.config, "moeperf_reason") or ""),
@@ -338,8 +377,11 @@ def _null() -> Any:
 def _metric_entry(name: str, values: list[float], runs: list[RunMeasurement]) -> dict[str, Any]:
     import statistics
 
-    entry: dict[str, Any] = {"runs": values, "unit": METRIC_UNITS[name],
-                             "center": statistics.median(values) if values else None}
+    entry: dict[str, Any] = {
+        "runs": values,
+        "unit": METRIC_UNITS[name],
+        "center": statistics.median(values) if values else None,
+    }
     if not values:
         notes = sorted({n for r in runs for n in r.notes if name.split("_")[0] in n.lower()
                         or "not measured" in n})  # fmt: skip
@@ -380,4 +422,3 @@ def _served_model(base_url: str) -> str:
         return str(r.json()["data"][0]["id"])
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
         raise MoePerfError(f"external server {base_url}: GET /v1/models failed: {exc}") from None
-

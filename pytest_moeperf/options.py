@@ -42,7 +42,9 @@ class Setting:
 @dataclass(frozen=True)
 class Resolved:
     value: Any
-    source: str  # "marker @moeperf_x", "command line --flag", "env VAR", "ini key (file)", "default"
+    source: (
+        str  # "marker @moeperf_x", "command line --flag", "env VAR", "ini key (file)", "default"
+    )
 
 
 def parse_bool(text: str) -> bool:

@@ -8,6 +8,7 @@ the plugin installed costs a pytest session nothing.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,13 +19,13 @@ import pytest
 
 from pytest_moeperf import markers, options
 from pytest_moeperf.errors import UsageError
+from pytest_moeperf.session import MoePerfSession  # light: json, time, options
 
 if TYPE_CHECKING:
     from pytest_moeperf.measure import PerfTest
     from pytest_moeperf.server.fixture import ServerFactory
-    from pytest_moeperf.session import MoePerfSession
 
-SESSION_KEY = pytest.StashKey["MoePerfSession"]()
+SESSION_KEY = pytest.StashKey[MoePerfSession]()
 GPU_SKIP_REASON = (
     "needs a GPU: this perf test is marked moeperf_gpu; run `pytest perf_tests --gpu` on a GPU "
     "machine with vLLM installed (pip install 'pytest-moeperf[gpu]')"
@@ -43,8 +44,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     markers.register(config)
-    from pytest_moeperf.session import MoePerfSession
-
     config.stash[SESSION_KEY] = MoePerfSession(config)
     _install_signal_cleanup()
 
@@ -63,10 +62,9 @@ def _install_signal_cleanup() -> None:
         raise KeyboardInterrupt("SIGTERM")
 
     if previous is not on_term:
-        try:
+        # not possible outside the main thread (e.g. pytester in-process runs)
+        with contextlib.suppress(ValueError):
             signal.signal(signal.SIGTERM, on_term)
-        except ValueError:  # not the main thread (e.g. pytester in-process runs)
-            pass
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

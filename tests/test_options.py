@@ -45,20 +45,26 @@ def test_cli_beats_env(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatc
     assert "RESOLVED 8 FROM command line --moeperf-runs" in out
 
 
-def test_bad_cli_value_names_flag(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_cli_value_names_flag(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("MOEPERF_RUNS", raising=False)
     out = _probe(pytester, "moeperf_runs", "--moeperf-runs", "zero")
     assert "command line --moeperf-runs: moeperf_runs = 'zero'" in out
     assert "Fix: set a valid value" in out
 
 
-def test_bad_env_value_names_variable(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_env_value_names_variable(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("MOEPERF_STARTUP_TIMEOUT", "-3")
     out = _probe(pytester, "moeperf_startup_timeout")
     assert "environment variable MOEPERF_STARTUP_TIMEOUT: moeperf_startup_timeout = '-3'" in out
 
 
-def test_bad_ini_value_names_file(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bad_ini_value_names_file(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("MOEPERF_GPU", raising=False)
     pytester.makeini("[pytest]\nmoeperf_gpu = maybe\n")
     out = _probe(pytester, "moeperf_gpu")
@@ -78,8 +84,15 @@ def test_url_normalised(pytester: pytest.Pytester) -> None:
 def test_every_option_has_help_and_ini(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--help")
     out = result.stdout.str()
-    for flag in ("--gpu", "--moeperf-refresh-baselines", "--moeperf-baseline-dir",
-                 "--moeperf-server-url", "--moeperf-quick", "--moeperf-report", "--moeperf-ci"):
+    for flag in (
+        "--gpu",
+        "--moeperf-refresh-baselines",
+        "--moeperf-baseline-dir",
+        "--moeperf-server-url",
+        "--moeperf-quick",
+        "--moeperf-report",
+        "--moeperf-ci",
+    ):
         assert flag in out
     for ini in ("moeperf_gpu (string)", "moeperf_baseline_dir (string)", "moeperf_quick (string)"):
         assert ini in out
@@ -97,7 +110,9 @@ def test_plain():
 """
 
 
-def test_gpu_tests_skipped_without_flag(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gpu_tests_skipped_without_flag(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("MOEPERF_GPU", raising=False)
     pytester.makepyfile(GPU_TEST)
     result = pytester.runpytest("-rs")

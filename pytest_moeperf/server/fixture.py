@@ -58,7 +58,9 @@ class ServerFactory:
             folder.mkdir(parents=True)
         expected = tuple(sorted(p.name for p in folder.glob("*.json")))
         merged_env = {**self.extra_env, **(env or {})}
-        merged_env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+        merged_env.setdefault(
+            "VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")
+        )
         server = VllmServer(
             ServerConfig(
                 model=str(model),
