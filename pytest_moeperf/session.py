@@ -106,7 +106,12 @@ class MoePerfSession:
             try:
                 from pytest_moeperf.report.render import write_report
 
-                write_report([data], report, title="moeperf nightly")
+                write_report(
+                    [data],
+                    report,
+                    title="moeperf nightly",
+                    sources=[str(path)] if path is not None else None,
+                )
             except Exception as exc:  # a report bug must not hide the results file
                 self.warnings.append(f"report not written: {type(exc).__name__}: {exc}")
 

