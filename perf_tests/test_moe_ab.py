@@ -1,7 +1,8 @@
 """The MoE kernel-config PR gate: each changed config file becomes an interleaved A/B.
 
     pytest perf_tests -k moe_config_ab --moeperf-ab-range origin/main...HEAD
-    pytest perf_tests -k moe_config_ab --moeperf-ab-folders perf_tests/moe_configs/in-tree,perf_tests/moe_configs/cpu-demo
+    pytest perf_tests -k moe_config_ab \
+        --moeperf-ab-folders perf_tests/moe_configs/in-tree,perf_tests/moe_configs/cpu-demo
 
 Without one of those options the tests are skipped and say how to run them. A case whose file
 this test's model never reads (other E/N/dtype, or another GPU) is skipped with the reason.

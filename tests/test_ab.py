@@ -143,7 +143,7 @@ def test_discover_from_folders(tmp_path: Path) -> None:
     (b / NAME).write_text(json.dumps({"4": TILE}))
     (a / "README.md").write_text("empty on purpose")
     (c,) = discover(tmp_path, git_range=None, folders="a,b", source="test")
-    assert c.base.in_tree and c.status == "added" and "folders a vs b" == c.origin
+    assert c.base.in_tree and c.status == "added" and c.origin == "folders a vs b"
     assert discover(tmp_path, git_range=None, folders=None, source="test") == []
 
 

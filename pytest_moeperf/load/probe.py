@@ -18,7 +18,6 @@ from pytest_moeperf.load.search import AbortCheck, AbortPolicy, ProbeResult, Sea
 from pytest_moeperf.metrics.energy import EnergyMeter, EnergyReading
 from pytest_moeperf.spec.model import Slo, Spec
 
-
 #: Default shortest send span of a search probe: enough for a queue to build at that rate.
 MIN_PROBE_SPAN_S = 5.0
 
