@@ -796,6 +796,48 @@ def test_external_mode_says_whose_host(tmp_path: Path, use_nvml: Callable[..., F
     assert gpu_check is not None and gpu_check.detail.startswith("no NVIDIA GPU")
 
 
+@pytest.mark.parametrize(
+    "argv, port",
+    [
+        (VLLM, 8000),
+        (("python", "-m", "vllm.entrypoints.openai.api_server", "--port=9001"), 9001),
+        (("vllm", "serve", "m"), 8000),  # vLLM's default
+        (("python", "-m", "sglang.launch_server", "--port", "30000"), 30000),
+        (("python", "-m", "sglang.launch_server"), None),
+        (("x", "--port"), None),
+    ],
+)
+def test_port_of(argv: tuple[str, ...], port: int | None) -> None:
+    assert host.port_of(argv) == port
+
+
+def test_local_external_server_is_found_by_port(tmp_path: Path) -> None:
+    write_proc(tmp_path, 50, argv=VLLM)
+    write_proc(tmp_path, 51, argv=(*VLLM[:-1], "8001"))
+    t = host.process_table(tmp_path)
+    assert host.local_server_for(t, "http://127.0.0.1:8001/v1") == 51
+    assert host.local_server_for(t, "localhost:8000") == 50
+    assert host.local_server_for(t, "http://gpu-box:8000") is None
+    assert host.local_server_for(t, "http://localhost:9999") is None
+    assert host.local_server_for(t, "http://localhost:port") is None
+
+
+def test_external_server_on_this_machine_is_judged_as_the_server(
+    tmp_path: Path, use_nvml: Callable[..., FakeNvml]
+) -> None:
+    use_nvml(FakeGpu(procs=[(51, 2**30), (52, 2**30)]))
+    write_proc(tmp_path, 50, argv=VLLM)  # another server
+    write_proc(tmp_path, 51, argv=(*VLLM[:-1], "8001"))  # the one under test
+    write_proc(tmp_path, 52, ppid=51, pgid=52, argv=("VLLM::EngineCore",))
+    r = hygiene.run_checks(external="http://localhost:8001", root=tmp_path, sample_s=0.0, cores=64)
+    assert r.notes == ["external server http://localhost:8001 is pid 51 on this machine"]
+    procs = r.check("gpu0.processes")
+    assert procs is not None and procs.status == "ok"
+    other = r.check("host.other_servers")
+    assert other is not None and [o["pid"] for o in other.value["others"]] == [50]
+    assert other.value["this_session"] == [51]
+
+
 # -- this machine, for real ----------------------------------------------------------------------
 
 
@@ -910,6 +952,8 @@ def test_noisy_machine_in_html_markdown_and_not_covered(tmp_path: Path) -> None:
         "of 2 CPU(s) over 1.0 s: another job is running",
     )
     d["results"][0]["hygiene"]["notes"] = ["remote server http://h:8000: host checks are ..."]
+    d["warnings"].append("perf_tests/x.py::test_x: " + hygiene.noisy_line(
+        HygieneReport.from_dict(d["results"][0]["hygiene"])))  # fmt: skip
     html, md = write_report([d], tmp_path / "r", title="t")
     h, m = html.read_text(), md.read_text()
     assert '<table id="hygiene-table">' in h
@@ -922,6 +966,7 @@ def test_noisy_machine_in_html_markdown_and_not_covered(tmp_path: Path) -> None:
         "used 1.90 of 2 CPU(s) over 1.0 s: another job is running."
     )
     assert noisy in h and noisy.replace("_", "\\_") in m  # Markdown escapes "_"
+    assert h.count("another job is running") == 2  # the table, Not covered; not the warning too
     setup = m.split("## Setup")[1].split("## Not covered")[0]
     assert "| config | check | status | found before load |" in setup
     assert "| all configs | host.cpu\\_load | warn (spoils the numbers) |" in setup

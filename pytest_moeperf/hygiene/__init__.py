@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pytest_moeperf.hygiene.model import (
+    NOISY_PREFIX,
     OK,
     UNKNOWN,
     WARN,
@@ -50,7 +51,8 @@ def run_checks(
     cores: int | None = None,
 ) -> HygieneReport:
     """Every check. ``server_pgid``: the server's process group (its processes are ours, not
-    "other"); None with ``external`` set means the server is elsewhere (or not ours)."""
+    "other"). ``external``: the URL of a server this session did not start; when it points at
+    a server on this machine, that server's processes count as the server's too."""
     from pytest_moeperf.hygiene import gpu, host
 
     table = host.process_table(root)
@@ -58,15 +60,22 @@ def run_checks(
     server = host.group_members(table, server_pgid) if server_pgid is not None else set()
     if server_pgid is not None:
         server = host.descendants(table, server | {server_pgid})
-    session = host.descendants(table, {me}) | server
     notes = []
-    if external:
+    target = host.local_server_for(table, external) if external else None
+    if target is not None:  # an "external" server that runs here: judge it like our own
+        lead = {target} | (
+            host.group_members(table, target) if table[target].pgid == target else set()
+        )
+        server |= host.descendants(table, lead)
+        notes.append(f"external server {external} is pid {target} on this machine")
+    elif external:
         notes.append(
             f"remote server {external}: host checks are of the load generator's "
             "machine; GPU checks, if any, are of this machine's GPUs"
         )
+    session = host.descendants(table, {me}) | server
     checks: list[HygieneCheck] = []
-    server_pids = None if external else server | {me}
+    server_pids = None if external and target is None else server | {me}
     checks += _guarded(
         "gpu", lambda: gpu.gpu_checks(gpu_indices, server_pids, table, skip=gpu_skip)
     )
@@ -98,7 +107,7 @@ def noisy_line(report: HygieneReport) -> str | None:
     """The session warning for a noisy machine, or None when nothing would spoil the numbers."""
     if not report.noisy:
         return None
-    return "noisy machine before measuring: " + "; ".join(report.noisy)
+    return NOISY_PREFIX + "; ".join(report.noisy)
 
 
 def check_before_load(

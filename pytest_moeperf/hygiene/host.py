@@ -10,10 +10,12 @@ goodput as much as any kernel config. Every function takes ``root`` so tests can
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pytest_moeperf.hygiene.model import OK, UNKNOWN, WARN, HygieneCheck
 
@@ -94,6 +96,35 @@ def is_server(argv: tuple[str, ...]) -> bool:
     return False
 
 
+def port_of(argv: tuple[str, ...]) -> int | None:
+    """The port a server's command line asks for (vLLM's default 8000 when it names none)."""
+    for i, a in enumerate(argv):
+        if a == "--port" and i + 1 < len(argv) and argv[i + 1].isdigit():
+            return int(argv[i + 1])
+        if a.startswith("--port=") and a[7:].isdigit():
+            return int(a[7:])
+    vllm = any(a.startswith("vllm.") or a.rsplit("/", 1)[-1] == "vllm" for a in argv)
+    return 8000 if vllm else None
+
+
+def local_server_for(table: dict[int, Proc], url: str) -> int | None:
+    """The pid of the server on this machine that ``url`` points at (localhost and its port)."""
+    u = urlsplit(url if "://" in url else f"http://{url}")
+    if u.hostname not in {"localhost", "127.0.0.1", "::1", "0.0.0.0", socket.gethostname()}:
+        return None
+    try:
+        port = u.port or (443 if u.scheme == "https" else 80)
+    except ValueError:  # a port that is not a number: no server listens there
+        return None
+    servers = {p.pid for p in table.values() if p.state != "Z" and is_server(p.argv)}
+    found = sorted(
+        pid
+        for pid in servers
+        if table[pid].ppid not in servers and port_of(table[pid].argv) == port
+    )
+    return found[0] if found else None
+
+
 def server_label(argv: tuple[str, ...]) -> str:
     """'vllm.entrypoints.openai.api_server --port 8000': what and where, not the whole argv."""
     what = next(
@@ -104,7 +135,7 @@ def server_label(argv: tuple[str, ...]) -> str:
         ),
         "server",
     )
-    port = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--port"), None)
+    port = port_of(argv)
     return what + (f" --port {port}" if port else "")
 
 

@@ -15,6 +15,7 @@ from pytest_moeperf.errors import UsageError
 
 OK, WARN, UNKNOWN = "ok", "warn", "unknown"
 STATUSES = (OK, WARN, UNKNOWN)
+NOISY_PREFIX = "noisy machine before measuring: "  # the session warning's words
 _FIX = "pass a results file written by the moeperf plugin (--moeperf-results)"
 
 
