@@ -60,7 +60,10 @@ def process_table(root: Path = Path("/")) -> dict[int, Proc]:
             proc = Proc(pid, int(fields[1]), int(fields[2]), fields[0], ticks, ())
         except (IndexError, ValueError):
             continue
-        raw = (d / "cmdline").read_bytes() if (d / "cmdline").is_file() else b""
+        try:
+            raw = (d / "cmdline").read_bytes()
+        except OSError:  # exited since its stat was read, or not ours to read
+            raw = b""
         argv = tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a)
         out[pid] = Proc(proc.pid, proc.ppid, proc.pgid, proc.state, proc.cpu_ticks, argv)
     return out
