@@ -96,6 +96,13 @@ class PerfTest:
         reasons: list[str] = []
         endpoint, model_dir, check = self._start(plan)
         env = self._environment(plan, endpoint)
+        from pytest_moeperf.hygiene import check_before_load  # after startup, before load
+
+        data["hygiene"], noisy = check_before_load(getattr(self, "_server", None),
+                                                   env.gpu_indices, backend=env.backend,
+                                                   server_url=plan.server_url)  # fmt: skip
+        if noisy:
+            self.session.warn(f"{self.item.nodeid}: {noisy}")
         data["spec"] = _spec_summary(plan)
         data["moe_config"] = {"name": plan.moe.name, "check": check,
                               "loaded": list(self._loaded())}  # fmt: skip
