@@ -62,6 +62,7 @@ class AbOutcome:
     warnings: list[str]
     env: Any
     partial: str | None = None
+    hygiene: dict[str, Any] | None = None
 
 
 class AbTest(PerfTest):
@@ -129,6 +130,7 @@ class AbTest(PerfTest):
         env = self._environment(plan, sides["base"].endpoint)
         driver = self.driver(plan, model_dir, env)
         out = AbOutcome(case, plan, pairs, [], sides, [], None, [], [], env)
+        out.hygiene = self._hygiene([s.server for s in sides.values()], env)
 
         def measure(side: str, k: int) -> RunMeasurement:
             run = driver.run(
@@ -153,6 +155,15 @@ class AbTest(PerfTest):
             return out
         self._judge(out)
         return out
+
+    def _hygiene(self, servers: list[VllmServer], env: Any) -> dict[str, Any]:
+        """Machine checks with both servers up: neither counts as "another server"."""
+        from pytest_moeperf.hygiene import check_before_load
+
+        report, noisy = check_before_load(servers, env.gpu_indices, backend=env.backend)
+        if noisy:
+            self.session.warn(f"{self.item.nodeid}: {noisy}")
+        return report
 
     def _start_side(
         self, case: AbCase, side: AbSide, model_dir: Path, args: list[str]
@@ -205,9 +216,9 @@ class AbTest(PerfTest):
     def _judge(self, out: AbOutcome) -> None:
         from pytest_moeperf.verdict import judge_all
 
-        base = collect_metrics(out.sides["base"].runs)
+        base = _measured(out.sides["base"].runs)
         src = f"A/B {out.case.file_name}"
-        out.verdicts = judge_all(base, collect_metrics(out.sides["head"].runs), source=src)
+        out.verdicts = judge_all(base, _measured(out.sides["head"].runs), source=src)
         for v in out.verdicts:
             if v.fails:
                 out.failures.append(
@@ -219,7 +230,7 @@ class AbTest(PerfTest):
                     f"{out.case.file_name}: {v.metric} inconclusive: {v.reason}; {v.advice}"
                 )
         if CONTROL in out.sides:
-            ctrl = collect_metrics(out.sides[CONTROL].runs)
+            ctrl = _measured(out.sides[CONTROL].runs)
             out.control_verdicts = judge_all(base, ctrl, source=f"A/A control {src}")
             noisy = [
                 v
@@ -301,11 +312,17 @@ class AbTest(PerfTest):
                 "path": f"A/B base: {describe(out.case.base)}",
             },
             "accuracy": None,
+            "hygiene": out.hygiene,
         }
         if out.partial:
             data["partial"] = out.partial
         data["setup"] = self._setup(out.plan, out.env, data)
         return data
+
+
+def _measured(runs: list[RunMeasurement]) -> dict[str, list[float]]:
+    """Metrics with at least one value (energy on a CPU has none: not judged, not zero)."""
+    return {k: v for k, v in collect_metrics(runs).items() if v}
 
 
 def _levels(raw: object) -> list[int]:

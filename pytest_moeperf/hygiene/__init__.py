@@ -43,7 +43,7 @@ class _Server(Protocol):
 def run_checks(
     *,
     gpu_indices: Sequence[int] | None = None,
-    server_pgid: int | None = None,
+    server_pgid: int | Sequence[int] | None = None,
     external: str | None = None,
     gpu_skip: str | None = None,
     sample_s: float = 1.0,
@@ -57,9 +57,10 @@ def run_checks(
 
     table = host.process_table(root)
     me = os.getpid()
-    server = host.group_members(table, server_pgid) if server_pgid is not None else set()
-    if server_pgid is not None:
-        server = host.descendants(table, server | {server_pgid})
+    pgids = [server_pgid] if isinstance(server_pgid, int) else list(server_pgid or ())
+    server: set[int] = set()
+    for pgid in pgids:  # an A/B gate runs two servers of its own side by side
+        server |= host.descendants(table, host.group_members(table, pgid) | {pgid})
     notes = []
     target = host.local_server_for(table, external) if external else None
     if target is not None:  # an "external" server that runs here: judge it like our own
@@ -88,6 +89,12 @@ def run_checks(
     return HygieneReport(checks, time.time(), 0.0 if smp is None else smp.seconds, notes)
 
 
+def _servers(server: _Server | Sequence[_Server] | None) -> list[_Server]:
+    if server is None:
+        return []
+    return list(server) if isinstance(server, Sequence) else [server]
+
+
 def _usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
@@ -111,7 +118,7 @@ def noisy_line(report: HygieneReport) -> str | None:
 
 
 def check_before_load(
-    server: _Server | None,
+    server: _Server | Sequence[_Server] | None,
     gpu_indices: Sequence[int],
     *,
     backend: str,
@@ -126,7 +133,7 @@ def check_before_load(
     skip = "server runs on the CPU backend: GPU checks skipped" if backend == "cpu" else None
     report = run_checks(
         gpu_indices=tuple(gpu_indices) or None,
-        server_pgid=None if server is None else server.pgid,
+        server_pgid=[p for s in _servers(server) if (p := s.pgid) is not None],
         external=server_url,
         gpu_skip=skip,
         sample_s=sample_s,
