@@ -22,6 +22,7 @@ from pytest_moeperf.errors import UsageError
 from pytest_moeperf.session import MoePerfSession  # light: json, time, options
 
 if TYPE_CHECKING:
+    from pytest_moeperf.gpupool import GpuPool, TestGpus
     from pytest_moeperf.measure import PerfTest
     from pytest_moeperf.server.fixture import ServerFactory
 
@@ -72,6 +73,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("moeperf_gpu") is not None and not gpu:
             item.add_marker(pytest.mark.skip(reason=GPU_SKIP_REASON))
+        names = getattr(item, "fixturenames", None)
+        if (item.get_closest_marker("moeperf_exclusive") is not None
+                and isinstance(names, list) and "moeperf_gpus" not in names):  # fmt: skip
+            names.append("moeperf_gpus")  # the exclusive lease lives in that fixture
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -81,6 +86,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         markers.slo_gate(item)
         markers.accuracy_gate(item)
         markers.moe_config_choice(item)
+        markers.exclusive(item)
         if item.get_closest_marker("moeperf_spec") is not None:
             markers.spec_choice(item, _specs_dir(item.config))
     except UsageError as exc:
@@ -93,15 +99,56 @@ def _specs_dir(config: pytest.Config) -> Path:
     return Path(config.rootpath) / "perf_tests" / "specs"
 
 
+@pytest.fixture(scope="session")
+def moeperf_gpu_pool(request: pytest.FixtureRequest,
+                     tmp_path_factory: pytest.TempPathFactory) -> GpuPool:  # fmt: skip
+    """This process's handle on the GPU pool that all xdist workers of the run share."""
+    from pytest_moeperf.gpupool import pool_from_config
+
+    root = tmp_path_factory.getbasetemp()
+    if hasattr(request.config, "workerinput"):  # xdist worker: its basetemp is <run root>/<gw>
+        root = root.parent
+    try:
+        pool = pool_from_config(request.config, root)
+        pool.universe  # noqa: B018 - a bad --moeperf-gpus fails here, once, in one line
+    except UsageError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    return pool
+
+
+@pytest.fixture
+def moeperf_gpus(request: pytest.FixtureRequest, moeperf_gpu_pool: GpuPool) -> Iterator[TestGpus]:
+    """GPU leases for this test (``moeperf_gpus.lease(2).env``); all of them if exclusive."""
+    from pytest_moeperf.errors import MoePerfError
+    from pytest_moeperf.gpupool import TestGpus, take_exclusive
+
+    gpus = TestGpus(moeperf_gpu_pool, request.node.nodeid)
+    if request.node.get_closest_marker("moeperf_exclusive") is not None:
+        try:
+            gpus.exclusive_lease = take_exclusive(moeperf_gpu_pool, request.node.nodeid)
+        except MoePerfError as exc:  # one line: already holding GPUs, or the wait ran out
+            pytest.fail(str(exc), pytrace=False)
+    try:
+        yield gpus
+    finally:
+        gpus.release_all()
+        if gpus.exclusive_lease is not None:
+            gpus.exclusive_lease.release()
+
+
 @pytest.fixture
 def moeperf_server_factory(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest, tmp_path: Path, moeperf_gpus: TestGpus
 ) -> Iterator[ServerFactory]:
-    """Start real vLLM servers: ``server = moeperf_server_factory(model, args, ...)``."""
+    """Start real vLLM servers: ``server = moeperf_server_factory(model, args, ...)``.
+
+    Each server leases its GPUs (tensor x pipeline x data, from its flags) from the pool.
+    """
     from pytest_moeperf.server.fixture import ServerFactory
 
     timeout = options.value(request.config, "moeperf_startup_timeout")
-    factory = ServerFactory(tmp_path, startup_timeout_s=float(timeout))
+    factory = ServerFactory(tmp_path, startup_timeout_s=float(timeout),
+                            gpu_pool=moeperf_gpus.pool, owner=request.node.nodeid)  # fmt: skip
     try:
         yield factory
     finally:
