@@ -310,3 +310,25 @@ def test_exclusive_marker_takes_no_arguments(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*marker @pytest.mark.moeperf_exclusive on test_*.py:3 (test_x): "
                                  "arguments = '(2)': too many positional arguments*"])  # fmt: skip
+
+
+def test_setup_counts_exactly_the_leased_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment (energy meter devices, MBU GPU count, baseline key) is the lease's."""
+    from pytest_moeperf import environment
+    from pytest_moeperf.metrics import hardware
+
+    def gpu(i: int) -> hardware.GpuInfo:
+        return hardware.GpuInfo(i, "NVIDIA H200", f"GPU-{i}{i}{i}{i}-uuid", "580.1", "13.0",
+                                None, 700.0, None, None, None, None)  # fmt: skip
+
+    monkeypatch.setattr(hardware, "visible_gpus", lambda: [gpu(i) for i in range(8)])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")  # pytest's: not the server's
+    env = environment.collect(engine_version="0.32.0", backend_hint="cuda", gpus_needed=2,
+                              devices=("6", "GPU-7777"))  # fmt: skip
+    assert env.gpu_indices == (6, 7) and env.gpu_count == 2 and env.backend == "cuda"
+    ext = environment.collect(engine_version="0.32.0", backend_hint="external", gpus_needed=1,
+                              devices=("GPU-3333",))  # fmt: skip
+    assert ext.backend == "external" and ext.gpu_indices == (3,)
+    unnamed = environment.collect(engine_version=None, backend_hint="external", gpus_needed=1,
+                                  devices=())  # fmt: skip
+    assert unnamed.gpu_count == 0 and unnamed.accelerator == "unknown"
