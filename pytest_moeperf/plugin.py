@@ -46,7 +46,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     markers.register(config)
     config.stash[SESSION_KEY] = MoePerfSession(config)
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_XdistRelay(config.stash[SESSION_KEY]), "moeperf-relay")
     _install_signal_cleanup()
+
+
+class _XdistRelay:
+    """On the xdist controller: collect the results the workers attached to their reports."""
+
+    def __init__(self, session: MoePerfSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        payload = getattr(report, "moeperf_payload", None)
+        if payload and getattr(report, "node", None) is not None:  # relayed from a worker
+            self.session.add_from_worker(payload)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
+    """On an xdist worker: ship this test's results with its report (pytest serialises it)."""
+    report = yield
+    session = item.config.stash.get(SESSION_KEY, None)
+    if session is not None and session.is_xdist_worker:
+        payload = session.take_for_controller()
+        if payload is not None:
+            report.moeperf_payload = payload
+    return report
 
 
 def _install_signal_cleanup() -> None:

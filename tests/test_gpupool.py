@@ -332,3 +332,34 @@ def test_setup_counts_exactly_the_leased_gpus(monkeypatch: pytest.MonkeyPatch) -
     unnamed = environment.collect(engine_version=None, backend_hint="external", gpus_needed=1,
                                   devices=())  # fmt: skip
     assert unnamed.gpu_count == 0 and unnamed.accelerator == "unknown"
+
+
+RELAY_TESTS = """
+import pytest
+from pytest_moeperf.plugin import SESSION_KEY
+from pytest_moeperf.session import PerfResult
+
+@pytest.mark.parametrize("i", range(3))
+def test_measured(request, i):
+    session = request.config.stash[SESSION_KEY]
+    session.record(PerfResult(request.node.nodeid, "passed", {"metrics": {"x": {"center": i}}},
+                              table=f"table of config {i}"))
+    session.warn(f"note from config {i}")
+"""
+
+
+def test_xdist_worker_results_reach_the_controller(pytester: pytest.Pytester) -> None:
+    """Workers measure; the controller prints every result and writes one results file."""
+    pytester.makepyfile(test_relay=RELAY_TESTS)
+    results = pytester.path / "results.json"
+    result = pytester.runpytest_subprocess("-n", "3", "-p", "no:cacheprovider",
+                                           "--moeperf-results", str(results))  # fmt: skip
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["*moeperf results*"])
+    for i in range(3):
+        result.stdout.fnmatch_lines([f"*test_measured[[]{i}[]]*[[]passed[]]*",
+                                     f"*table of config {i}*"])  # fmt: skip
+        result.stdout.fnmatch_lines([f"warning: note from config {i}"])
+    data = json.loads(results.read_text())
+    got = sorted(r["metrics"]["x"]["center"] for r in data["results"])
+    assert got == [0, 1, 2] and len(data["warnings"]) == 3
