@@ -9,7 +9,8 @@ Protocol (all locks are taken without blocking, polled until the lease deadline)
 - ``acquire.lock`` is held while one lease is being assembled, *including while it waits* for
   busy GPUs. Nobody else starts taking GPUs meanwhile, so a large lease (an exclusive test that
   needs every GPU) is not starved by small ones, and since releasing never takes it, the holders
-  it waits for can always finish.
+  it waits for can always finish. A process that already holds a lease (a test starting its
+  second server) does not queue: the waiting lease may be waiting for exactly that test to end.
 - ``node.lock``: every lease holds it shared, an exclusive lease holds it exclusively. So an
   exclusive test also serialises against servers that use no GPU (the CPU servers here).
 - ``gpu-<id>.lock``: holding it exclusively owns that GPU. The holder writes pid, xdist worker
@@ -209,9 +210,9 @@ class GpuPool:
 
     def exclusive(self, who: str) -> GpuLease:
         """Every GPU and the node, for a test whose measurement must not share the node."""
-        if self._held or self._exclusive is not None:
+        if self._open or self._exclusive is not None:
             raise UsageError(f"test {who}", "moeperf_exclusive", True,
-                             "this process already holds GPUs from the pool",
+                             "this process already holds a lease from the pool",
                              "take the exclusive lease before starting any server")  # fmt: skip
         lease = self._acquire(len(self.universe.devices), who, exclusive=True)
         self._exclusive, self._carved = lease, []
@@ -247,7 +248,11 @@ class GpuPool:
         t0 = time.monotonic()
         deadline = t0 + self.wait_s
         gate = _Locks()
-        while not gate.try_lock(self._path("acquire.lock"), note=self._note(who)):
+        # A process that already holds a lease (the second server of an A/B test) skips the
+        # queue: a waiting exclusive lease needs that process to finish, not to queue behind it.
+        while not (self._open and not exclusive) and not gate.try_lock(
+            self._path("acquire.lock"), note=self._note(who)
+        ):
             self._wait_or_fail(deadline, n, who, "another worker is assembling its lease")
         locks = _Locks()
         got: list[str] = []

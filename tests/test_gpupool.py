@@ -98,6 +98,25 @@ def test_exclusive_takes_everything_and_servers_carve_from_it(tmp_path: Path) ->
     assert other.lease(4, "y").devices == ("0", "1", "2", "3")
 
 
+def test_second_server_of_a_test_does_not_queue_behind_a_waiting_exclusive(tmp_path: Path) -> None:
+    """A/B test on one worker, exclusive test waiting on another: no deadlock."""
+    ab, ex = make_pool(tmp_path), make_pool(tmp_path, wait_s=10)
+    first = ab.lease(1, "ab")
+    got: list[tuple[str, ...]] = []
+    waiter = threading.Thread(target=lambda: got.append(ex.exclusive("ex").devices))
+    waiter.start()
+    time.sleep(0.3)  # the exclusive lease now holds acquire.lock and waits for the node
+    assert not got
+    second = ab.lease(1, "ab")  # would wait for acquire.lock (and time out) if it queued
+    assert second.waited_s < 0.2 and set(second.devices).isdisjoint(first.devices)
+    first.release()
+    second.release()
+    waiter.join(5)
+    assert got == [("0", "1", "2", "3")]
+    with pytest.raises(UsageError, match="already holds a lease"):
+        ex.exclusive("again")  # ex holds the exclusive lease now
+
+
 def test_no_gpus_means_no_leases(tmp_path: Path) -> None:
     pool = make_pool(tmp_path, "")
     lease = pool.lease(2, "cpu")  # a CPU server with --tensor-parallel-size 2
