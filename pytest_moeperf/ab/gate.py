@@ -30,6 +30,7 @@ NO_CASE_REASON = (
 NO_CHANGE_REASON = "no MoE config file changed in {origin}"
 MIN_PAIRS = 3  # the verdict needs three runs a side to estimate the spread
 CONTROL = "control"
+_DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
 @dataclass
@@ -80,6 +81,7 @@ class AbTest(PerfTest):
         super().__init__(item, session, factory, workdir)
         self.case = case
         self.origin = origin
+        self._server_env: dict[str, str] = {}  # the spec's server environment (Ray address)
 
     def run(self) -> PerfResult:  # type: ignore[override]
         case = self.case
@@ -124,6 +126,7 @@ class AbTest(PerfTest):
         pairs = self._pairs(plan)
         args = plan.spec.vllm_args()
         self.config.hook.pytest_moeperf_server_command(config=self.config, command=args)
+        self._server_env = plan.spec.parallelism.server_env()
         sides = {"base": self._start_side(case, case.base, model_dir, args)}
         self._server = sides["base"].server
         sides["head"] = self._start_side(case, case.head, model_dir, args)
@@ -168,9 +171,18 @@ class AbTest(PerfTest):
     def _start_side(
         self, case: AbCase, side: AbSide, model_dir: Path, args: list[str]
     ) -> SideState:
+        """Start one side's server; every side after the first shares the first one's GPUs.
+
+        The gate compares configs on the same device, so the servers must not get a lease
+        each (on one GPU the second would never get one): the spec sizes
+        gpu-memory-utilization so that two servers fit.
+        """
         files = dict(side.files) or None
+        first = self.factory.servers[0].config.env if self.factory.servers else {}
+        shared = {k: first[k] for k in _DEVICE_ENV if k in first}
+        shared.update(self._server_env)
         server = self.factory(
-            model_dir, args, name=f"{case.id}-{side.label}", moe_config_files=files
+            model_dir, args, name=f"{case.id}-{side.label}", moe_config_files=files, env=shared
         )
         return SideState(side, server, self.factory.checks[-1].message)
 
