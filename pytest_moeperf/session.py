@@ -116,7 +116,7 @@ class MoePerfSession:
             "plugin_version": __version__,
             "started": self.started,
             "finished": time.time(),
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "command": command_line(sys.argv),
             "quick": bool(options.value(self.config, "moeperf_quick")),
             "results": [r.to_dict() for r in self.results],
             "warnings": self.warnings,
@@ -146,6 +146,14 @@ class MoePerfSession:
                 )
             except Exception as exc:  # a report bug must not hide the results file
                 self.warnings.append(f"report not written: {type(exc).__name__}: {exc}")
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as a user would retype it: ``python -m pytest`` runs show up as ``pytest``."""
+    name = Path(argv[0]).name if argv else "pytest"
+    if name in ("__main__.py", "py.test", "pytest.py") or name.startswith("pytest"):
+        name = "pytest"
+    return " ".join([name, *argv[1:]])
 
 
 def _finite(value: Any) -> Any:

@@ -64,6 +64,7 @@ class AbOutcome:
     env: Any
     partial: str | None = None
     hygiene: dict[str, Any] | None = None
+    control_base: list[RunMeasurement] = field(default_factory=list)  # base runs of the A/A
 
 
 class AbTest(PerfTest):
@@ -139,7 +140,11 @@ class AbTest(PerfTest):
             run = driver.run(
                 sides[side].endpoint, k, f"moeperf {case.id}: {side} run {k + 1}/{pairs}"
             )
-            sides[side].runs.append(run)
+            # the base runs of the A/A phase are judged against the control only
+            if side == "base" and CONTROL in sides:
+                out.control_base.append(run)
+            else:
+                sides[side].runs.append(run)
             out.order.append((side, k))
             return run
 
@@ -243,7 +248,8 @@ class AbTest(PerfTest):
                 )
         if CONTROL in out.sides:
             ctrl = _measured(out.sides[CONTROL].runs)
-            out.control_verdicts = judge_all(base, ctrl, source=f"A/A control {src}")
+            base_aa = _measured(out.control_base)
+            out.control_verdicts = judge_all(base_aa, ctrl, source=f"A/A control {src}")
             noisy = [
                 v
                 for v in out.control_verdicts
@@ -270,9 +276,13 @@ class AbTest(PerfTest):
             metrics = collect_metrics(state.runs)
             if name != "base":
                 verdicts = out.verdicts if name == "head" else (out.control_verdicts or [])
+                reference = base_metrics
+                if name == CONTROL:  # judged against the base runs interleaved with it
+                    reference = collect_metrics(out.control_base)
+                    data["ab"]["base_runs"] = [r.to_dict() for r in out.control_base]
                 data["verdicts"] = [v.to_dict() for v in verdicts]
                 data["fleet"] = fleet_of(
-                    base_metrics, metrics, reference="base", gpus=max(1, out.env.gpu_count)
+                    reference, metrics, reference="base", gpus=max(1, out.env.gpu_count)
                 )
                 self._verdicts = verdicts
             else:
