@@ -263,14 +263,19 @@ class PerfTest:
         return result.to_dict()
 
     def _setup(self, plan: Plan, env: Any, data: dict[str, Any]) -> dict[str, Any]:
+        from pytest_moeperf.metrics.hardware import rated_bandwidth
+
         p = plan.spec.parallelism
         energy = [e for r in data["search_runs"] for e in r["energy"]]
         source = energy[0]["method"] if energy else "not_measured"
+        override = options.value(self.config, "moeperf_hbm_bandwidth")
+        bw, _ = rated_bandwidth(env.accelerator, float(override) * 1e12 if override else None)
+        quant = next((str(v) for k, v in plan.spec.engine_args if k == "quantization"), None)
         return {**env.to_dict(), "model": plan.spec.model.path, "dtype": plan.spec.model.dtype,
-                "quantization": None, "tp": p.tensor, "dp": p.data, "ep": p.expert,
+                "quantization": quant, "tp": p.tensor, "dp": p.data, "ep": p.expert,
                 "pp": p.pipeline, "gpus_per_server": p.gpus,
                 "power_source": source, "command": self.session.payload()["command"],
-                "rated_bandwidth_tb_s": None}  # fmt: skip
+                "rated_bandwidth_tb_s": bw / 1e12 if bw else None}  # fmt: skip
 
     def _baseline(self, plan: Plan, env: Any, model_dir: Path | None,
                   metrics: dict[str, list[float]], runs: list[RunMeasurement],

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_moeperf.load.probe import Endpoint, MbuInputs, RunMeasurement
-from pytest_moeperf.metrics.energy import EnergyMeter
+from pytest_moeperf.metrics.energy import EnergyMeter, NotMeasuredMeter
 from pytest_moeperf.spec.model import Slo, Spec
 
 #: A search run starts just under the previous run's boundary on the same server.
@@ -42,6 +42,17 @@ class RunDriver:
     def spec_rate_min(self) -> float:
         s = self.spec
         return s.search.rate_min if s.search else (s.arrival.rate or 1.0)
+
+    def warm_up(self, endpoint: Endpoint, label: str) -> None:
+        """One unmeasured closed-loop load on a fresh server: the first batches pay for Triton
+        JIT compiles and cold caches (a first run on an H200 came out half as fast as the next)."""
+        from pytest_moeperf.load.probe import measure_fixed
+
+        c = self.fixed_concurrency or 8
+        measure_fixed(endpoint, self.spec, self.slo, index=999, meter=NotMeasuredMeter("warm-up"),
+                      vocab_size=self.vocab_size, concurrency=c, num_requests=2 * c,
+                      mbu_inputs=None)  # fmt: skip
+        self.say(f"{label}: warmed up ({2 * c} requests at concurrency {c}, not measured)")
 
     def run(
         self, endpoint: Endpoint, index: int, label: str, *, concurrency: int | None = None

@@ -109,8 +109,12 @@ def _fleet_sentence(r: Result, label: str) -> str | None:
     ref = str(f.get("reference") or "the reference")
     if ref == r.config:
         return None
+    what = "SLO goodput"
+    if f.get("goodput_metric") == "output_tok_s":
+        c = _concurrency(r)
+        what = "output throughput" + (f" at concurrency {c}" if c else " at a fixed concurrency")
     text = (
-        f"Serving the same SLO goodput as {f['n_reference']} cards of {ref} takes "
+        f"Serving the same {what} as {f['n_reference']} cards of {ref} takes "
         f"{f['cards']} cards with {label}"
     )
     rel = f.get("energy_per_token_rel", f.get("energy_per_token_relative"))
@@ -121,6 +125,14 @@ def _fleet_sentence(r: Result, label: str) -> str | None:
         m = r.metric("tok_per_j")
         text += "; energy per token " + missing_text(m.note if m is not None else None)
     return text + "."
+
+
+def _concurrency(r: Result) -> int | None:
+    for run in r.search_runs:
+        fixed = run.get("fixed")
+        if isinstance(fixed, Mapping) and isinstance(t := fixed.get("target"), (int, float)):
+            return int(t)
+    return None
 
 
 def _verdict_phrase(r: Result) -> str:

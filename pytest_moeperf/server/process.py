@@ -197,7 +197,16 @@ class VllmServer:
 
     @property
     def model_name(self) -> str:
-        return self.config.served_model_name or self.config.model
+        """The name requests must use: --served-model-name (option or spec flag), else the path."""
+        args = self.config.args
+        if self.config.served_model_name:
+            return self.config.served_model_name
+        for i, a in enumerate(args):
+            if a == "--served-model-name" and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith("--served-model-name="):
+                return a.split("=", 1)[1]
+        return self.config.model
 
     @property
     def pgid(self) -> int | None:
