@@ -45,6 +45,8 @@ class MoePerfSession:
         self.results: list[PerfResult] = []
         self.started = time.time()
         self.warnings: list[str] = []
+        self.benchmark_linked: list[str] = []  # perf tests that also used pytest-benchmark
+        self.benchmark_written: Path | None = None
 
     def record(self, result: PerfResult) -> None:
         self.results.append(result)
@@ -54,6 +56,21 @@ class MoePerfSession:
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
+
+    def link_benchmark(self, item: pytest.Item) -> None:
+        """A perf test that also used pytest-benchmark's fixture: its record gets our centers."""
+        if "benchmark" not in getattr(item, "fixturenames", ()):
+            return
+        mine = [r for r in self.results if r.nodeid == item.nodeid]
+        if not mine:
+            return
+        self.benchmark_linked.append(item.nodeid)
+        fixture = getattr(item, "funcargs", {}).get("benchmark")
+        extra = getattr(fixture, "extra_info", None)
+        if isinstance(extra, dict):
+            from pytest_moeperf.report.benchmark_json import fixture_extra_info
+
+            extra.update(fixture_extra_info(mine[-1].to_dict()))
 
     # -- end of session ----------------------------------------------------------------------
     def terminal_summary(self, tr: Any) -> None:
@@ -75,12 +92,23 @@ class MoePerfSession:
         report = self.report_path()
         if report is not None and self.results:
             tr.write_line(f"report written to {report.with_suffix('.html')} and .md")
+        if self.benchmark_written is not None:
+            tr.write_line(f"pytest-benchmark JSON written to {self.benchmark_written}")
 
     def results_path(self) -> Path | None:
         return options.resolve_path(self.config, "moeperf_results")
 
     def report_path(self) -> Path | None:
         return options.resolve_path(self.config, "moeperf_report")
+
+    def benchmark_json_path(self) -> Path | None:
+        """--moeperf-benchmark-json, else beside the results file once pytest-benchmark is used."""
+        path = options.resolve_path(self.config, "moeperf_benchmark_json")
+        if path is not None or not self.benchmark_linked:
+            return path
+        results = self.results_path()
+        folder = results.parent if results is not None else Path(self.config.rootpath)
+        return folder / "pytest-benchmark.json"
 
     def payload(self) -> dict[str, Any]:
         return {
@@ -114,6 +142,17 @@ class MoePerfSession:
                 )
             except Exception as exc:  # a report bug must not hide the results file
                 self.warnings.append(f"report not written: {type(exc).__name__}: {exc}")
+        bench = self.benchmark_json_path()
+        if bench is not None:
+            try:
+                from pytest_moeperf.report.benchmark_json import to_benchmark_json
+
+                write_json_atomic(bench, to_benchmark_json(data, source="this session"))
+                self.benchmark_written = bench
+            except Exception as exc:  # like the report: never hide the results file
+                where = options.resolve(self.config, "moeperf_benchmark_json").source
+                self.warnings.append(f"pytest-benchmark JSON not written to {bench} ({where}): "
+                                     f"{type(exc).__name__}: {exc}")  # fmt: skip
 
 
 def _finite(value: Any) -> Any:
