@@ -97,6 +97,10 @@ SETTINGS: tuple[Setting, ...] = (
             "path (suffix replaced).", str, None, metavar="PATH"),
     Setting("moeperf_results", "--moeperf-results", "JSON results file for the session.",
             str, "moeperf-results/results.json", metavar="PATH"),
+    Setting("moeperf_benchmark_json", "--moeperf-benchmark-json", "also write the results in "
+            "pytest-benchmark's JSON format, for `pytest-benchmark compare` (default when a perf "
+            "test also uses the benchmark fixture: pytest-benchmark.json beside the results "
+            "file).", str, None, metavar="PATH"),
     Setting("moeperf_ci", "--moeperf-ci", "CI mode: a missing baseline fails the test instead of "
             "warning.", parse_bool, False, is_flag=True),
     Setting("moeperf_runs", "--moeperf-runs", "repeated runs per config (default: the spec's "
@@ -110,10 +114,6 @@ SETTINGS: tuple[Setting, ...] = (
             parse_bool, False, is_flag=True),
     Setting("moeperf_cache_dir", "--moeperf-cache-dir", "where the embedded model is generated "
             "(default: ~/.cache/pytest-moeperf).", str, None, metavar="DIR"),
-    Setting("moeperf_benchmark_json", "--moeperf-benchmark-json", "also write the results in "
-            "pytest-benchmark's JSON format, for `pytest-benchmark compare` (default when a perf "
-            "test also uses the benchmark fixture: pytest-benchmark.json beside the results "
-            "file).", str, None, metavar="PATH"),
 )  # fmt: skip
 
 BY_NAME = {s.name: s for s in SETTINGS}

@@ -128,17 +128,6 @@ def moeperf(
     return PerfTest(item, request.config.stash[SESSION_KEY], moeperf_server_factory, tmp_path)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    """After the test body: a perf test that also used pytest-benchmark shares its numbers."""
-    try:
-        return (yield)
-    finally:
-        state = item.config.stash.get(SESSION_KEY, None)
-        if state is not None:
-            state.link_benchmark(item)
-
-
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
@@ -149,6 +138,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = session.config.stash.get(SESSION_KEY, None)
     if state is not None:
         state.finish()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """After the test body: a perf test that also used pytest-benchmark shares its numbers."""
+    try:
+        return (yield)
+    finally:
+        state = item.config.stash.get(SESSION_KEY, None)
+        if state is not None:
+            state.link_benchmark(item)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -43,10 +43,10 @@ class MoePerfSession:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.results: list[PerfResult] = []
-        self.started = time.time()
-        self.warnings: list[str] = []
         self.benchmark_linked: list[str] = []  # perf tests that also used pytest-benchmark
         self.benchmark_written: Path | None = None
+        self.started = time.time()
+        self.warnings: list[str] = []
 
     def record(self, result: PerfResult) -> None:
         self.results.append(result)
@@ -86,14 +86,14 @@ class MoePerfSession:
                 tr.write_line("  - " + reason)
         for w in self.warnings:
             tr.write_line("warning: " + w)
+        if self.benchmark_written is not None:
+            tr.write_line(f"pytest-benchmark JSON written to {self.benchmark_written}")
         path = self.results_path()
         if path is not None and self.results:
             tr.write_line(f"results written to {path}")
         report = self.report_path()
         if report is not None and self.results:
             tr.write_line(f"report written to {report.with_suffix('.html')} and .md")
-        if self.benchmark_written is not None:
-            tr.write_line(f"pytest-benchmark JSON written to {self.benchmark_written}")
 
     def results_path(self) -> Path | None:
         return options.resolve_path(self.config, "moeperf_results")
