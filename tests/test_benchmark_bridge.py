@@ -30,6 +30,14 @@ SAMPLE = json.loads((DATA / "results_sample.json").read_text())
 AB = json.loads((DATA / "results_ab_h200.json").read_text())
 
 
+@pytest.fixture(autouse=True)
+def _not_an_xdist_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under `pytest -n`, pytest-benchmark in the inner sessions would see the worker's variable
+    and disable itself ("benchmarks are automatically disabled because xdist is active")."""
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+
+
 def _compare_cli(*args: str, cwd: Path) -> str:
     """Run pytest-benchmark's own CLI (``python -m pytest_benchmark`` = ``pytest-benchmark``)."""
     proc = subprocess.run(
