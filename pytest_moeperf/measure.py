@@ -7,10 +7,11 @@ failures into one-line test failures (never exceptions from the summary hook).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -22,9 +23,12 @@ from pytest_moeperf.server.fixture import ServerFactory
 from pytest_moeperf.session import MoePerfSession, PerfResult
 from pytest_moeperf.spec.model import Slo, Spec
 
-METRIC_UNITS = {"slo_goodput_tok_s": "tok/s", "slo_rate_rps": "req/s", "ttft_p99_ms": "ms",
-                "tpot_p99_ms": "ms", "e2el_p99_ms": "ms", "tok_per_j": "tok/J",
-                "power_w": "W", "mbu": "fraction"}  # fmt: skip
+if TYPE_CHECKING:
+    from pytest_moeperf.load.driver import RunDriver
+
+METRIC_UNITS = {"slo_goodput_tok_s": "tok/s", "slo_rate_rps": "req/s", "output_tok_s": "tok/s",
+                "ttft_p99_ms": "ms", "tpot_p99_ms": "ms", "e2el_p99_ms": "ms",
+                "tok_per_j": "tok/J", "power_w": "W", "mbu": "fraction"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -103,15 +107,10 @@ class PerfTest:
             partial = str(died)
             reasons.append(partial)
             data["partial_probes"] = died.partial
-        metrics: dict[str, list[float]] = {
-            n: [v for r in runs if (v := r.metrics.get(n)) is not None] for n in METRIC_UNITS
-        }
+        metrics = collect_metrics(runs)
         data["metrics"] = {n: _metric_entry(n, v, runs) for n, v in metrics.items()}
         data["search_runs"] = [r.to_dict() for r in runs]
-        if runs and not metrics["slo_goodput_tok_s"]:
-            reasons.append(f"SLO gate ({plan.slo_source}): no probed rate met p99 TTFT <= "
-                           f"{plan.slo.ttft_p99_ms:g} ms and p99 TPOT <= "
-                           f"{plan.slo.tpot_p99_ms:g} ms; " + runs[0].search.note)  # fmt: skip
+        reasons.extend(slo_failures(plan, runs))
         accuracy = self._accuracy(plan, endpoint) if partial is None else None
         data["accuracy"] = accuracy
         data["setup"] = self._setup(plan, env, data)
@@ -182,9 +181,9 @@ class PerfTest:
                                    gpus_needed=p.tensor * p.data * p.pipeline,
                                    cwd=Path(self.config.rootpath))  # fmt: skip
 
-    def _measure(self, plan: Plan, endpoint: Endpoint, model_dir: Path | None,
-                 env: Any) -> list[RunMeasurement]:  # fmt: skip
-        from pytest_moeperf.load.probe import measure_run
+    def driver(self, plan: Plan, model_dir: Path | None, env: Any) -> RunDriver:
+        """The run driver: meter (hook or NVML), prompt vocabulary, MBU inputs, progress."""
+        from pytest_moeperf.load.driver import RunDriver
         from pytest_moeperf.metrics.energy import make_default_meter
 
         meter = self.config.hook.pytest_moeperf_energy_meter(
@@ -192,44 +191,24 @@ class PerfTest:
         )
         if meter is None:
             meter = make_default_meter(list(env.gpu_indices))
-        vocab = _vocab_size(model_dir)
-        mbu_inputs = self._mbu_inputs(plan, model_dir, env)
-        spec_rate_min = (plan.spec.search.rate_min if plan.spec.search
-                         else (plan.spec.arrival.rate or 1.0))  # fmt: skip
-        rate_min = spec_rate_min
-        out: list[RunMeasurement] = []
+        return RunDriver(plan.spec, plan.slo, meter, _vocab_size(model_dir),
+                         self._mbu_inputs(plan, model_dir, env), plan.probe_requests,
+                         plan.max_probes, say=self.say)  # fmt: skip
+
+    def say(self, line: str) -> None:
+        """One progress line on the terminal, through output capture (-s not needed)."""
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
-        for i in range(plan.runs):
+        if tr is None:
+            return
+        capman = self.config.pluginmanager.get_plugin("capturemanager")
+        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+            tr.write_line(line)
 
-            def progress(k: int, rate: float, res: Any, i: int = i) -> None:
-                s = res.summary
-                if tr is None:
-                    return
-                capman = self.config.pluginmanager.get_plugin("capturemanager")
-                with capman.global_and_fixture_disabled() if capman else _null():
-                    tr.write_line(f"moeperf {self.item.name}: run {i + 1}/{plan.runs} "
-                        f"probe {k + 1} "
-                        f"rate {rate:.3g} req/s: {'met' if res.met else 'missed'} "
-                        f"(ttft p99 {s['ttft']['p99_ms']:.0f} ms, tpot p99 "
-                                  f"{s['tpot']['p99_ms']:.1f} ms, attainment "
-                                  f"{100 * s['slo_attainment']:.0f} %)")  # fmt: skip
-
-            def once(start: float, i: int = i, progress: Any = progress) -> RunMeasurement:
-                return measure_run(endpoint, plan.spec, plan.slo, index=i, meter=meter,
-                                   vocab_size=vocab, rate_min=start,
-                                   probe_requests=plan.probe_requests,
-                                   max_probes=plan.max_probes, mbu_inputs=mbu_inputs,
-                                   on_probe=progress)  # fmt: skip
-
-            run = once(rate_min)
-            if run.search.boundary_rate is None and rate_min > spec_rate_min:
-                # the warm start (just under the last boundary) missed: search from the spec's
-                # own lowest rate rather than report a run without a boundary
-                run = once(spec_rate_min)
-            out.append(run)
-            if run.search.boundary_rate is not None:
-                rate_min = run.search.boundary_rate * 0.9  # next run starts near the boundary
-        return out
+    def _measure(self, plan: Plan, endpoint: Endpoint, model_dir: Path | None,
+                 env: Any) -> list[RunMeasurement]:  # fmt: skip
+        driver = self.driver(plan, model_dir, env)
+        label = f"moeperf {self.item.name}: run {{}}/{plan.runs}"
+        return [driver.run(endpoint, i, label.format(i + 1)) for i in range(plan.runs)]
 
     def _mbu_inputs(self, plan: Plan, model_dir: Path | None, env: Any) -> MbuInputs | None:
         from pytest_moeperf.metrics.hardware import rated_bandwidth
@@ -334,8 +313,7 @@ class PerfTest:
                 or (("the test failed: " + "; ".join(reasons)) if reasons else None)
                 or (
                     None
-                    if len(runs) == plan.runs
-                    and all(r.metrics.get("slo_goodput_tok_s") is not None for r in runs)
+                    if len(runs) == plan.runs and all(r.complete for r in runs)
                     else "not every run completed with an SLO boundary"
                 )
             )
@@ -368,10 +346,31 @@ class PerfTest:
         return "\n".join(lines)
 
 
-def _null() -> Any:
-    import contextlib
+def collect_metrics(runs: list[RunMeasurement]) -> dict[str, list[float]]:
+    """Per metric, the values of the runs that measured it (a missing value is no value)."""
+    names = [n for n in METRIC_UNITS if any(n in r.metrics for r in runs)]
+    return {n: [v for r in runs if (v := r.metrics.get(n)) is not None] for n in names}
 
-    return contextlib.nullcontext()
+
+def slo_failures(plan: Plan, runs: list[RunMeasurement]) -> list[str]:
+    """The SLO gate: a search must find a rate meeting it; a fixed load must meet it."""
+    slo = (f"p99 TTFT <= {plan.slo.ttft_p99_ms:g} ms and p99 TPOT <= "
+           f"{plan.slo.tpot_p99_ms:g} ms")  # fmt: skip
+    out: list[str] = []
+    # A run with no boundary is the strongest regression signal there is, not a missing value:
+    # one such run fails the gate (it would otherwise drop out of the verdict's statistics).
+    missing = [r for r in runs if r.search is not None and r.search.boundary_rate is None]
+    if missing:
+        which = ", ".join(f"{r.index + 1}/{plan.runs}" for r in missing)
+        note = missing[0].search.note if missing[0].search is not None else ""
+        out.append(f"SLO gate ({plan.slo_source}): in run {which} no probed rate met {slo}; "
+                   f"{note}")  # fmt: skip
+    missed = [r.index + 1 for r in runs if r.fixed is not None and not r.fixed.get("slo_met")]
+    if missed:
+        c = plan.spec.arrival.concurrency
+        out.append(f"SLO gate ({plan.slo_source}): runs {missed} at concurrency {c} missed "
+                   f"{slo}")  # fmt: skip
+    return out
 
 
 def _metric_entry(name: str, values: list[float], runs: list[RunMeasurement]) -> dict[str, Any]:

@@ -22,10 +22,13 @@ from pytest_moeperf.errors import UsageError
 from pytest_moeperf.session import MoePerfSession  # light: json, time, options
 
 if TYPE_CHECKING:
+    from pytest_moeperf.ab.cases import AbCase
+    from pytest_moeperf.ab.gate import AbTest
     from pytest_moeperf.measure import PerfTest
     from pytest_moeperf.server.fixture import ServerFactory
 
 SESSION_KEY = pytest.StashKey[MoePerfSession]()
+AB_CASES_KEY = pytest.StashKey["tuple[list[AbCase], str | None]"]()
 GPU_SKIP_REASON = (
     "needs a GPU: this perf test is marked moeperf_gpu; run `pytest perf_tests --gpu` on a GPU "
     "machine with vLLM installed (pip install 'pytest-moeperf[gpu]')"
@@ -89,6 +92,35 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail(message, pytrace=False)
 
 
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A/B tests (they use ``moeperf_ab``) get one parameter per changed MoE config file."""
+    if "moeperf_ab_case" not in metafunc.fixturenames:
+        return
+    cases, _ = _ab_cases(metafunc.config)
+    if cases:
+        metafunc.parametrize("moeperf_ab_case", cases, ids=[c.id for c in cases])
+    else:  # one skipped test that says why, rather than a test that silently vanishes
+        metafunc.parametrize("moeperf_ab_case", [None], ids=["no-ab-case"])
+
+
+def _ab_cases(config: pytest.Config) -> tuple[list[AbCase], str | None]:
+    """Changed config files, found once per session (git is asked once, not once per test)."""
+    if AB_CASES_KEY not in config.stash:
+        from pytest_moeperf.ab.cases import discover
+
+        rng = options.resolve(config, "moeperf_ab_range")
+        folders = options.resolve(config, "moeperf_ab_folders")
+        try:
+            cases = discover(Path(config.rootpath), git_range=rng.value, folders=folders.value,
+                             source=rng.source if rng.value else folders.source)  # fmt: skip
+        except UsageError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        origin = (f"git range {rng.value}" if rng.value
+                  else f"folders {folders.value}" if folders.value else None)  # fmt: skip
+        config.stash[AB_CASES_KEY] = (cases, origin)
+    return config.stash[AB_CASES_KEY]
+
+
 def _specs_dir(config: pytest.Config) -> Path:
     return Path(config.rootpath) / "perf_tests" / "specs"
 
@@ -126,6 +158,29 @@ def moeperf(
     item = request.node
     assert isinstance(item, pytest.Item)
     return PerfTest(item, request.config.stash[SESSION_KEY], moeperf_server_factory, tmp_path)
+
+
+@pytest.fixture
+def moeperf_ab_case() -> None:
+    """The changed config file of an A/B test; replaced by pytest_generate_tests' parameter."""
+    return None
+
+
+@pytest.fixture
+def moeperf_ab(
+    request: pytest.FixtureRequest,
+    moeperf_ab_case: AbCase | None,
+    moeperf_server_factory: ServerFactory,
+    tmp_path: Path,
+) -> AbTest:
+    """The MoE config gate: ``moeperf_ab.run()`` serves base and head interleaved and judges."""
+    from pytest_moeperf.ab.gate import AbTest
+
+    item = request.node
+    assert isinstance(item, pytest.Item)
+    _, origin = _ab_cases(request.config)
+    return AbTest(item, request.config.stash[SESSION_KEY], moeperf_server_factory, tmp_path,
+                  moeperf_ab_case, origin)  # fmt: skip
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:

@@ -47,6 +47,7 @@ class MoePerfSession:
         self.benchmark_written: Path | None = None
         self.started = time.time()
         self.warnings: list[str] = []
+        self.ab_summaries: list[str] = []  # Markdown blocks of the A/B gate, one per case
 
     def record(self, result: PerfResult) -> None:
         self.results.append(result)
@@ -94,6 +95,9 @@ class MoePerfSession:
         report = self.report_path()
         if report is not None and self.results:
             tr.write_line(f"report written to {report.with_suffix('.html')} and .md")
+        summary = options.resolve_path(self.config, "moeperf_ab_summary")
+        if self.ab_summaries and summary is not None:
+            tr.write_line(f"A/B summary for the PR written to {summary}")
 
     def results_path(self) -> Path | None:
         return options.resolve_path(self.config, "moeperf_results")
@@ -125,6 +129,10 @@ class MoePerfSession:
     def finish(self) -> None:
         if not self.results:
             return
+        summary = options.resolve_path(self.config, "moeperf_ab_summary")
+        if self.ab_summaries and summary is not None:
+            summary.parent.mkdir(parents=True, exist_ok=True)
+            summary.write_text("\n".join(self.ab_summaries), encoding="utf-8")
         path = self.results_path()
         data = self.payload()
         if path is not None:

@@ -17,6 +17,7 @@ NOT_MEASURED = "not measured"
 CHART_METRICS = ("slo_goodput_tok_s", "tok_per_j", "mbu", "power_w")
 METRIC_TITLES = {
     "slo_goodput_tok_s": "SLO goodput",
+    "output_tok_s": "Output throughput at fixed concurrency",
     "slo_rate_rps": "SLO rate",
     "tok_per_j": "Energy efficiency",
     "mbu": "Memory bandwidth utilisation (MBU)",
@@ -24,6 +25,15 @@ METRIC_TITLES = {
     "ttft_p99_ms": "TTFT p99",
     "tpot_p99_ms": "TPOT p99",
 }
+
+
+def chart_metrics(results: Sequence[Result]) -> tuple[str, ...]:
+    """Bar-chart metrics; fixed-concurrency results (A/B gates) chart output tok/s instead of
+    the SLO goodput they never measure."""
+    fixed = results and all(
+        "slo_goodput_tok_s" not in r.metrics and "output_tok_s" in r.metrics for r in results
+    )
+    return tuple("output_tok_s" if fixed and m == "slo_goodput_tok_s" else m for m in CHART_METRICS)
 
 
 @dataclass(frozen=True)

@@ -51,12 +51,12 @@ def build_document(
         bars = tuple(
             charts.bar_chart(
                 members,
-                metric,
+                content.chart_metrics(members)[k],
                 rated,
                 test=family.rsplit("::", 1)[-1] if named else "",
                 key=f"-{i}" if named else "",
             )
-            for metric in content.CHART_METRICS
+            for k in range(len(content.CHART_METRICS))
             for i, (family, members) in enumerate(families.items())
         )
         curves = tuple(charts.curve_charts(results))

@@ -401,11 +401,6 @@ def _search(ctx: _Ctx, m: dict[str, Any]) -> SearchSpec:
     if rate_max is not None and rate_max <= rate_min:
         fix = f"use rate_max > rate_min ({rate_min:g}) or omit it"
         ctx.fail((*p, "rate_max"), rate_max, "must be above rate_min", fix)
-    if "probe_requests" in m and "probe_duration_s" in m:
-        ctx.fail(
-            (*p, "probe_duration_s"), m["probe_duration_s"],
-            "probe_requests and probe_duration_s are exclusive", "keep one of the two",
-        )  # fmt: skip
     return SearchSpec(
         rate_min=rate_min,
         rate_max=rate_max,
