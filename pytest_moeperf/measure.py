@@ -96,6 +96,13 @@ class PerfTest:
         reasons: list[str] = []
         endpoint, model_dir, check = self._start(plan)
         env = self._environment(plan, endpoint)
+        from pytest_moeperf.hygiene import check_before_load  # after startup, before load
+
+        data["hygiene"], noisy = check_before_load(getattr(self, "_server", None),
+                                                   env.gpu_indices, backend=env.backend,
+                                                   server_url=plan.server_url)  # fmt: skip
+        if noisy:
+            self.session.warn(f"{self.item.nodeid}: {noisy}")
         data["spec"] = _spec_summary(plan)
         data["moe_config"] = {"name": plan.moe.name, "check": check,
                               "loaded": list(self._loaded())}  # fmt: skip
@@ -130,13 +137,15 @@ class PerfTest:
         if plan.server_url:
             model = _served_model(plan.server_url)
             return (Endpoint(plan.server_url, model), None,
-                    f"declared, not set: external server {plan.server_url}")  # fmt: skip
+                    f"declared, not set: {plan.moe.name} on external server "
+                    f"{plan.server_url}")  # fmt: skip
         model_dir = self._model_dir(plan.spec)
         args = plan.spec.vllm_args()
         self.config.hook.pytest_moeperf_server_command(config=self.config, command=args)
         server = self.factory(model_dir, args, name=plan.moe.name,
                               moe_config_folder=plan.moe.folder,
-                              moe_config_files=plan.moe.files)  # fmt: skip
+                              moe_config_files=plan.moe.files,
+                              env=plan.spec.parallelism.server_env())  # fmt: skip
         self._server = server
         return (Endpoint(server.base_url, server.model_name, server.alive), model_dir,
                 self.factory.checks[-1].message)  # fmt: skip
@@ -175,11 +184,17 @@ class PerfTest:
                 else "cuda"
             )
         )
-        p = plan.spec.parallelism
-        return environment.collect(engine_version=engine_version(log) if log else None,
-                                   backend_hint=backend,
-                                   gpus_needed=p.tensor * p.data * p.pipeline,
-                                   cwd=Path(self.config.rootpath))  # fmt: skip
+        version, devices = engine_version(log) if log else None, None
+        if server is not None:
+            devices = server.gpu_devices  # leased from the GPU pool
+        elif plan.server_url:
+            from pytest_moeperf.external import describe
+
+            ext = describe(self.config, plan.server_url)
+            version, devices = ext.version or "unknown (external)", ext.devices
+        return environment.collect(engine_version=version, backend_hint=backend,
+                                   gpus_needed=plan.spec.parallelism.gpus,
+                                   cwd=Path(self.config.rootpath), devices=devices)  # fmt: skip
 
     def driver(self, plan: Plan, model_dir: Path | None, env: Any) -> RunDriver:
         """The run driver: meter (hook or NVML), prompt vocabulary, MBU inputs, progress."""
@@ -189,6 +204,11 @@ class PerfTest:
         meter = self.config.hook.pytest_moeperf_energy_meter(
             config=self.config, device_indices=list(env.gpu_indices)
         )
+        if meter is None and env.backend == "external" and not env.gpu_indices:
+            from pytest_moeperf.external import ENERGY_NOT_MEASURED
+            from pytest_moeperf.metrics.energy import NotMeasuredMeter
+
+            meter = NotMeasuredMeter(ENERGY_NOT_MEASURED)
         if meter is None:
             meter = make_default_meter(list(env.gpu_indices))
         return RunDriver(plan.spec, plan.slo, meter, _vocab_size(model_dir),
@@ -248,6 +268,7 @@ class PerfTest:
         source = energy[0]["method"] if energy else "not_measured"
         return {**env.to_dict(), "model": plan.spec.model.path, "dtype": plan.spec.model.dtype,
                 "quantization": None, "tp": p.tensor, "dp": p.data, "ep": p.expert,
+                "pp": p.pipeline, "gpus_per_server": p.gpus,
                 "power_source": source, "command": self.session.payload()["command"],
                 "rated_bandwidth_tb_s": None}  # fmt: skip
 

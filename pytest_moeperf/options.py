@@ -137,6 +137,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("moeperf_sweep", "--moeperf-sweep", "A/B gate: also sweep these concurrencies, one "
             "closed-loop run per side per level (e.g. 1,4,16,64).", parse_levels, None,
             metavar="LEVELS"),
+    Setting("moeperf_gpus", "--moeperf-gpus", "GPUs the pool leases to servers, as "
+            "CUDA_VISIBLE_DEVICES entries (default: CUDA_VISIBLE_DEVICES, else every GPU NVML "
+            "sees); with --moeperf-server-url, the local GPUs of that server, for energy.",
+            str, None, metavar="LIST"),
+    Setting("moeperf_gpu_wait", "--moeperf-gpu-wait", "seconds a server waits for its GPUs "
+            "while other xdist workers hold them.", parse_positive_float, 3600.0, metavar="S"),
+    Setting("moeperf_gpu_lock_dir", "--moeperf-gpu-lock-dir", "folder of the GPU pool's lock "
+            "files (default: the run's temporary root, shared by its xdist workers); give one "
+            "folder to several pytest runs that share a node.", str, None, metavar="DIR"),
 )  # fmt: skip
 
 BY_NAME = {s.name: s for s in SETTINGS}

@@ -24,6 +24,7 @@ from pytest_moeperf.session import MoePerfSession  # light: json, time, options
 if TYPE_CHECKING:
     from pytest_moeperf.ab.cases import AbCase
     from pytest_moeperf.ab.gate import AbTest
+    from pytest_moeperf.gpupool import GpuPool, TestGpus
     from pytest_moeperf.measure import PerfTest
     from pytest_moeperf.server.fixture import ServerFactory
 
@@ -48,7 +49,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     markers.register(config)
     config.stash[SESSION_KEY] = MoePerfSession(config)
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_XdistRelay(config.stash[SESSION_KEY]), "moeperf-relay")
     _install_signal_cleanup()
+
+
+class _XdistRelay:
+    """On the xdist controller: collect the results the workers attached to their reports."""
+
+    def __init__(self, session: MoePerfSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        payload = getattr(report, "moeperf_payload", None)
+        if payload and getattr(report, "node", None) is not None:  # relayed from a worker
+            self.session.add_from_worker(payload)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
+    """On an xdist worker: ship this test's results with its report (pytest serialises it)."""
+    report = yield
+    session = item.config.stash.get(SESSION_KEY, None)
+    if session is not None and session.is_xdist_worker:
+        payload = session.take_for_controller()
+        if payload is not None:
+            report.moeperf_payload = payload
+    return report
 
 
 def _install_signal_cleanup() -> None:
@@ -75,6 +102,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("moeperf_gpu") is not None and not gpu:
             item.add_marker(pytest.mark.skip(reason=GPU_SKIP_REASON))
+        names = getattr(item, "fixturenames", None)
+        if (item.get_closest_marker("moeperf_exclusive") is not None
+                and isinstance(names, list) and "moeperf_gpus" not in names):  # fmt: skip
+            names.append("moeperf_gpus")  # the exclusive lease lives in that fixture
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -84,6 +115,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         markers.slo_gate(item)
         markers.accuracy_gate(item)
         markers.moe_config_choice(item)
+        markers.exclusive(item)
         if item.get_closest_marker("moeperf_spec") is not None:
             markers.spec_choice(item, _specs_dir(item.config))
     except UsageError as exc:
@@ -125,15 +157,56 @@ def _specs_dir(config: pytest.Config) -> Path:
     return Path(config.rootpath) / "perf_tests" / "specs"
 
 
+@pytest.fixture(scope="session")
+def moeperf_gpu_pool(request: pytest.FixtureRequest,
+                     tmp_path_factory: pytest.TempPathFactory) -> GpuPool:  # fmt: skip
+    """This process's handle on the GPU pool that all xdist workers of the run share."""
+    from pytest_moeperf.gpupool import pool_from_config
+
+    root = tmp_path_factory.getbasetemp()
+    if hasattr(request.config, "workerinput"):  # xdist worker: its basetemp is <run root>/<gw>
+        root = root.parent
+    try:
+        pool = pool_from_config(request.config, root)
+        pool.universe  # noqa: B018 - a bad --moeperf-gpus fails here, once, in one line
+    except UsageError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    return pool
+
+
+@pytest.fixture
+def moeperf_gpus(request: pytest.FixtureRequest, moeperf_gpu_pool: GpuPool) -> Iterator[TestGpus]:
+    """GPU leases for this test (``moeperf_gpus.lease(2).env``); all of them if exclusive."""
+    from pytest_moeperf.errors import MoePerfError
+    from pytest_moeperf.gpupool import TestGpus, take_exclusive
+
+    gpus = TestGpus(moeperf_gpu_pool, request.node.nodeid)
+    if request.node.get_closest_marker("moeperf_exclusive") is not None:
+        try:
+            gpus.exclusive_lease = take_exclusive(moeperf_gpu_pool, request.node.nodeid)
+        except MoePerfError as exc:  # one line: already holding GPUs, or the wait ran out
+            pytest.fail(str(exc), pytrace=False)
+    try:
+        yield gpus
+    finally:
+        gpus.release_all()
+        if gpus.exclusive_lease is not None:
+            gpus.exclusive_lease.release()
+
+
 @pytest.fixture
 def moeperf_server_factory(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest, tmp_path: Path, moeperf_gpus: TestGpus
 ) -> Iterator[ServerFactory]:
-    """Start real vLLM servers: ``server = moeperf_server_factory(model, args, ...)``."""
+    """Start real vLLM servers: ``server = moeperf_server_factory(model, args, ...)``.
+
+    Each server leases its GPUs (tensor x pipeline x data, from its flags) from the pool.
+    """
     from pytest_moeperf.server.fixture import ServerFactory
 
     timeout = options.value(request.config, "moeperf_startup_timeout")
-    factory = ServerFactory(tmp_path, startup_timeout_s=float(timeout))
+    factory = ServerFactory(tmp_path, startup_timeout_s=float(timeout),
+                            gpu_pool=moeperf_gpus.pool, owner=request.node.nodeid)  # fmt: skip
     try:
         yield factory
     finally:

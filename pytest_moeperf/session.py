@@ -48,6 +48,11 @@ class MoePerfSession:
         self.started = time.time()
         self.warnings: list[str] = []
         self.ab_summaries: list[str] = []  # Markdown blocks of the A/B gate, one per case
+        self._relayed = (0, 0)  # results, warnings already sent to the xdist controller
+
+    @property
+    def is_xdist_worker(self) -> bool:
+        return hasattr(self.config, "workerinput")
 
     def record(self, result: PerfResult) -> None:
         self.results.append(result)
@@ -73,9 +78,28 @@ class MoePerfSession:
 
             extra.update(fixture_extra_info(mine[-1].to_dict()))
 
+    # -- pytest-xdist: workers measure, the controller summarises and writes the files ----------
+    def take_for_controller(self) -> str | None:
+        """JSON of the results and warnings recorded since the last call (None: nothing new)."""
+        n_res, n_warn = self._relayed
+        new_res, new_warn = self.results[n_res:], self.warnings[n_warn:]
+        if not new_res and not new_warn:
+            return None
+        self._relayed = (len(self.results), len(self.warnings))
+        items = [{"result": r.to_dict(), "table": r.table} for r in new_res]
+        return json.dumps({"results": items, "warnings": new_warn}, default=str)  # inf kept
+
+    def add_from_worker(self, text: str) -> None:
+        data = json.loads(text)
+        for item in data["results"]:
+            d = dict(item["result"])
+            nodeid, outcome, reasons = d.pop("nodeid"), d.pop("outcome"), d.pop("reasons")
+            self.results.append(PerfResult(nodeid, outcome, d, item["table"], reasons))
+        self.warnings.extend(data["warnings"])
+
     # -- end of session ----------------------------------------------------------------------
     def terminal_summary(self, tr: Any) -> None:
-        if not self.results and not self.warnings:
+        if self.is_xdist_worker or (not self.results and not self.warnings):
             return
         tr.write_sep("=", "moeperf results")
         for r in self.results:
@@ -120,14 +144,14 @@ class MoePerfSession:
             "plugin_version": __version__,
             "started": self.started,
             "finished": time.time(),
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "command": command_line(sys.argv),
             "quick": bool(options.value(self.config, "moeperf_quick")),
             "results": [r.to_dict() for r in self.results],
             "warnings": self.warnings,
         }
 
     def finish(self) -> None:
-        if not self.results:
+        if not self.results or self.is_xdist_worker:  # the controller writes the files
             return
         summary = options.resolve_path(self.config, "moeperf_ab_summary")
         if self.ab_summaries and summary is not None:
@@ -161,6 +185,14 @@ class MoePerfSession:
                 where = options.resolve(self.config, "moeperf_benchmark_json").source
                 self.warnings.append(f"pytest-benchmark JSON not written to {bench} ({where}): "
                                      f"{type(exc).__name__}: {exc}")  # fmt: skip
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as a user would retype it: ``python -m pytest`` runs show up as ``pytest``."""
+    name = Path(argv[0]).name if argv else "pytest"
+    if name in ("__main__.py", "py.test", "pytest.py") or name.startswith("pytest"):
+        name = "pytest"
+    return " ".join([name, *argv[1:]])
 
 
 def _finite(value: Any) -> Any:

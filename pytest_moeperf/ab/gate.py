@@ -30,6 +30,7 @@ NO_CASE_REASON = (
 NO_CHANGE_REASON = "no MoE config file changed in {origin}"
 MIN_PAIRS = 3  # the verdict needs three runs a side to estimate the spread
 CONTROL = "control"
+_DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
 @dataclass
@@ -62,6 +63,8 @@ class AbOutcome:
     warnings: list[str]
     env: Any
     partial: str | None = None
+    hygiene: dict[str, Any] | None = None
+    control_base: list[RunMeasurement] = field(default_factory=list)  # base runs of the A/A
 
 
 class AbTest(PerfTest):
@@ -79,6 +82,7 @@ class AbTest(PerfTest):
         super().__init__(item, session, factory, workdir)
         self.case = case
         self.origin = origin
+        self._server_env: dict[str, str] = {}  # the spec's server environment (Ray address)
 
     def run(self) -> PerfResult:  # type: ignore[override]
         case = self.case
@@ -123,18 +127,24 @@ class AbTest(PerfTest):
         pairs = self._pairs(plan)
         args = plan.spec.vllm_args()
         self.config.hook.pytest_moeperf_server_command(config=self.config, command=args)
+        self._server_env = plan.spec.parallelism.server_env()
         sides = {"base": self._start_side(case, case.base, model_dir, args)}
         self._server = sides["base"].server
         sides["head"] = self._start_side(case, case.head, model_dir, args)
         env = self._environment(plan, sides["base"].endpoint)
         driver = self.driver(plan, model_dir, env)
         out = AbOutcome(case, plan, pairs, [], sides, [], None, [], [], env)
+        out.hygiene = self._hygiene([s.server for s in sides.values()], env)
 
         def measure(side: str, k: int) -> RunMeasurement:
             run = driver.run(
                 sides[side].endpoint, k, f"moeperf {case.id}: {side} run {k + 1}/{pairs}"
             )
-            sides[side].runs.append(run)
+            # the base runs of the A/A phase are judged against the control only
+            if side == "base" and CONTROL in sides:
+                out.control_base.append(run)
+            else:
+                sides[side].runs.append(run)
             out.order.append((side, k))
             return run
 
@@ -154,12 +164,30 @@ class AbTest(PerfTest):
         self._judge(out)
         return out
 
+    def _hygiene(self, servers: list[VllmServer], env: Any) -> dict[str, Any]:
+        """Machine checks with both servers up: neither counts as "another server"."""
+        from pytest_moeperf.hygiene import check_before_load
+
+        report, noisy = check_before_load(servers, env.gpu_indices, backend=env.backend)
+        if noisy:
+            self.session.warn(f"{self.item.nodeid}: {noisy}")
+        return report
+
     def _start_side(
         self, case: AbCase, side: AbSide, model_dir: Path, args: list[str]
     ) -> SideState:
+        """Start one side's server; every side after the first shares the first one's GPUs.
+
+        The gate compares configs on the same device, so the servers must not get a lease
+        each (on one GPU the second would never get one): the spec sizes
+        gpu-memory-utilization so that two servers fit.
+        """
         files = dict(side.files) or None
+        first = self.factory.servers[0].config.env if self.factory.servers else {}
+        shared = {k: first[k] for k in _DEVICE_ENV if k in first}
+        shared.update(self._server_env)
         server = self.factory(
-            model_dir, args, name=f"{case.id}-{side.label}", moe_config_files=files
+            model_dir, args, name=f"{case.id}-{side.label}", moe_config_files=files, env=shared
         )
         return SideState(side, server, self.factory.checks[-1].message)
 
@@ -205,9 +233,9 @@ class AbTest(PerfTest):
     def _judge(self, out: AbOutcome) -> None:
         from pytest_moeperf.verdict import judge_all
 
-        base = collect_metrics(out.sides["base"].runs)
+        base = _measured(out.sides["base"].runs)
         src = f"A/B {out.case.file_name}"
-        out.verdicts = judge_all(base, collect_metrics(out.sides["head"].runs), source=src)
+        out.verdicts = judge_all(base, _measured(out.sides["head"].runs), source=src)
         for v in out.verdicts:
             if v.fails:
                 out.failures.append(
@@ -219,8 +247,9 @@ class AbTest(PerfTest):
                     f"{out.case.file_name}: {v.metric} inconclusive: {v.reason}; {v.advice}"
                 )
         if CONTROL in out.sides:
-            ctrl = collect_metrics(out.sides[CONTROL].runs)
-            out.control_verdicts = judge_all(base, ctrl, source=f"A/A control {src}")
+            ctrl = _measured(out.sides[CONTROL].runs)
+            base_aa = _measured(out.control_base)
+            out.control_verdicts = judge_all(base_aa, ctrl, source=f"A/A control {src}")
             noisy = [
                 v
                 for v in out.control_verdicts
@@ -247,9 +276,13 @@ class AbTest(PerfTest):
             metrics = collect_metrics(state.runs)
             if name != "base":
                 verdicts = out.verdicts if name == "head" else (out.control_verdicts or [])
+                reference = base_metrics
+                if name == CONTROL:  # judged against the base runs interleaved with it
+                    reference = collect_metrics(out.control_base)
+                    data["ab"]["base_runs"] = [r.to_dict() for r in out.control_base]
                 data["verdicts"] = [v.to_dict() for v in verdicts]
                 data["fleet"] = fleet_of(
-                    base_metrics, metrics, reference="base", gpus=max(1, out.env.gpu_count)
+                    reference, metrics, reference="base", gpus=max(1, out.env.gpu_count)
                 )
                 self._verdicts = verdicts
             else:
@@ -301,11 +334,17 @@ class AbTest(PerfTest):
                 "path": f"A/B base: {describe(out.case.base)}",
             },
             "accuracy": None,
+            "hygiene": out.hygiene,
         }
         if out.partial:
             data["partial"] = out.partial
         data["setup"] = self._setup(out.plan, out.env, data)
         return data
+
+
+def _measured(runs: list[RunMeasurement]) -> dict[str, list[float]]:
+    """Metrics with at least one value (energy on a CPU has none: not judged, not zero)."""
+    return {k: v for k, v in collect_metrics(runs).items() if v}
 
 
 def _levels(raw: object) -> list[int]:

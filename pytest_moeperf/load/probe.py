@@ -10,13 +10,16 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pytest_moeperf.errors import MoePerfError
+from pytest_moeperf.errors import MoePerfError, UsageError
 from pytest_moeperf.load.records import RequestRecord, RunRecord
 from pytest_moeperf.load.search import AbortCheck, AbortPolicy, ProbeResult, SearchResult
 from pytest_moeperf.metrics.energy import EnergyMeter, EnergyReading
 from pytest_moeperf.spec.model import Slo, Spec
+
+if TYPE_CHECKING:
+    from pytest_moeperf.metrics.summary import LoadSummary
 
 #: Default shortest send span of a search probe: enough for a queue to build at that rate.
 MIN_PROBE_SPAN_S = 5.0
@@ -87,7 +90,6 @@ def measure_run(
 ) -> RunMeasurement:  # fmt: skip
     from pytest_moeperf.load.runner import run_load
     from pytest_moeperf.load.search import search_slo_boundary
-    from pytest_moeperf.metrics.summary import summarize
     from pytest_moeperf.spec.traces import build_requests
 
     energy: list[dict[str, Any]] = []
@@ -121,9 +123,7 @@ def measure_run(
         if not endpoint.alive():
             done.append({"rate": rate, "aborted": True, "reason": "server died"})
             raise ServerDied(i, rate, done)
-        span = _send_span(run)
-        warmup, cooldown = spec.window.resolve(span)
-        summary = summarize(run, slo, warmup_s=warmup, cooldown_s=cooldown)
+        summary = summarize_steady(run, slo, spec)
         result = ProbeResult.from_summary(rate, summary)
         if run.aborted_early and result.reason is None:
             result = replace(result, met=False, aborted=True, reason=run.abort_reason)
@@ -140,6 +140,20 @@ def measure_run(
                                  abort_policy=AbortPolicy(planned_requests=size))  # fmt: skip
     metrics, notes = boundary_metrics(search, readings, mbu_inputs)
     return RunMeasurement(index, search, energy, metrics, notes)
+
+
+def summarize_steady(run: RunRecord, slo: Slo, spec: Spec) -> LoadSummary:
+    """The spec's steady-state window; a run stopped so early that the window holds no send
+    (an overload abort after a few requests) is judged on everything it sent."""
+    from pytest_moeperf.metrics.summary import summarize
+
+    warmup, cooldown = spec.window.resolve(_send_span(run))
+    try:
+        return summarize(run, slo, warmup_s=warmup, cooldown_s=cooldown)
+    except UsageError:
+        if len(run.requests) < 2:
+            raise
+        return summarize(run, slo, warmup_s=0.0, cooldown_s=0.0)
 
 
 def probe_size(rate: float, probe_requests: int, span_s: float | None) -> int:
@@ -220,7 +234,6 @@ def measure_fixed(
     SLO held is recorded, not searched for.
     """
     from pytest_moeperf.load.runner import run_load
-    from pytest_moeperf.metrics.summary import summarize
     from pytest_moeperf.spec.traces import build_requests
 
     requests = build_requests(
@@ -240,8 +253,7 @@ def measure_fixed(
     if not endpoint.alive():
         partial = [{"concurrency": concurrency, "aborted": True, "reason": "server died"}]
         raise ServerDied(0, float(concurrency), partial, load=f"concurrency {concurrency}")
-    warmup, cooldown = spec.window.resolve(_send_span(run))
-    summary = summarize(run, slo, warmup_s=warmup, cooldown_s=cooldown)
+    summary = summarize_steady(run, slo, spec)
     s = summary.to_dict()
     m: dict[str, float | None] = {
         "output_tok_s": float(summary.output_tok_s),

@@ -21,6 +21,7 @@ class Document:
     numbers: Table
     verdicts: Table
     setup: Table
+    hygiene: Table
     not_covered: tuple[str, ...]
     reproduce: tuple[str, ...]
 
@@ -69,6 +70,7 @@ def build_document(
         numbers=content.numbers_table(results),
         verdicts=content.verdict_table(results),
         setup=provenance.setup_table(results) if results else Table(("",), ()),
+        hygiene=provenance.hygiene_table(results),
         not_covered=tuple(provenance.not_covered(runs)),
         reproduce=tuple(provenance.reproduce(runs, sources, title, out)),
     )
