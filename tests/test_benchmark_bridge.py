@@ -240,3 +240,17 @@ def test_unwritable_path_is_one_warning_naming_the_option(pytester: pytest.Pytes
     result.stdout.fnmatch_lines(["warning: pytest-benchmark JSON not written to *taken "
                                  "(command line --moeperf-benchmark-json): *"])  # fmt: skip
     assert (pytester.path / "moeperf-results" / "results.json").is_file()
+
+
+def test_option_under_xdist_is_written_once_by_the_controller(pytester: pytest.Pytester) -> None:
+    """Workers measure and relay; the controller writes the file (pytest-benchmark itself is
+    disabled under xdist, so the option is the way there)."""
+    _project(pytester, "def test_a(recorded_perf):\n    recorded_perf()\n\n"
+                       "def test_b(recorded_perf):\n    recorded_perf()\n")  # fmt: skip
+    result = pytester.runpytest_subprocess("-n", "2", "--moeperf-benchmark-json", "b.json",
+                                           "-p", "no:cacheprovider")  # fmt: skip
+    result.assert_outcomes(passed=2)
+    data = json.loads((pytester.path / "b.json").read_text())
+    tests = sorted({b["extra_info"]["nodeid"].rsplit("::", 1)[-1] for b in data["benchmarks"]})
+    assert tests == ["test_a", "test_b"] and len(data["benchmarks"]) == 8
+    assert result.stdout.str().count("pytest-benchmark JSON written to") == 1
