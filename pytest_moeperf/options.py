@@ -105,6 +105,10 @@ SETTINGS: tuple[Setting, ...] = (
             "path (suffix replaced).", str, None, metavar="PATH"),
     Setting("moeperf_results", "--moeperf-results", "JSON results file for the session.",
             str, "moeperf-results/results.json", metavar="PATH"),
+    Setting("moeperf_benchmark_json", "--moeperf-benchmark-json", "also write the results in "
+            "pytest-benchmark's JSON format, for `pytest-benchmark compare` (default when a perf "
+            "test also uses the benchmark fixture: pytest-benchmark.json beside the results "
+            "file).", str, None, metavar="PATH"),
     Setting("moeperf_ci", "--moeperf-ci", "CI mode: a missing baseline fails the test instead of "
             "warning.", parse_bool, False, is_flag=True),
     Setting("moeperf_runs", "--moeperf-runs", "repeated runs per config (default: the spec's "

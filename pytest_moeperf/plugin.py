@@ -268,6 +268,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         state.finish()
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """After the test body: a perf test that also used pytest-benchmark shares its numbers."""
+    try:
+        return (yield)
+    finally:
+        state = item.config.stash.get(SESSION_KEY, None)
+        if state is not None:
+            state.link_benchmark(item)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     from pytest_moeperf.server.process import stop_all_servers
 

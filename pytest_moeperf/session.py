@@ -43,6 +43,8 @@ class MoePerfSession:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.results: list[PerfResult] = []
+        self.benchmark_linked: list[str] = []  # perf tests that also used pytest-benchmark
+        self.benchmark_written: Path | None = None
         self.started = time.time()
         self.warnings: list[str] = []
         self.ab_summaries: list[str] = []  # Markdown blocks of the A/B gate, one per case
@@ -60,6 +62,21 @@ class MoePerfSession:
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
+
+    def link_benchmark(self, item: pytest.Item) -> None:
+        """A perf test that also used pytest-benchmark's fixture: its record gets our centers."""
+        if "benchmark" not in getattr(item, "fixturenames", ()):
+            return
+        mine = [r for r in self.results if r.nodeid == item.nodeid]
+        if not mine:
+            return
+        self.benchmark_linked.append(item.nodeid)
+        fixture = getattr(item, "funcargs", {}).get("benchmark")
+        extra = getattr(fixture, "extra_info", None)
+        if isinstance(extra, dict):
+            from pytest_moeperf.report.benchmark_json import fixture_extra_info
+
+            extra.update(fixture_extra_info(mine[-1].to_dict()))
 
     # -- pytest-xdist: workers measure, the controller summarises and writes the files ----------
     def take_for_controller(self) -> str | None:
@@ -94,6 +111,8 @@ class MoePerfSession:
                 tr.write_line("  - " + reason)
         for w in self.warnings:
             tr.write_line("warning: " + w)
+        if self.benchmark_written is not None:
+            tr.write_line(f"pytest-benchmark JSON written to {self.benchmark_written}")
         path = self.results_path()
         if path is not None and self.results:
             tr.write_line(f"results written to {path}")
@@ -109,6 +128,15 @@ class MoePerfSession:
 
     def report_path(self) -> Path | None:
         return options.resolve_path(self.config, "moeperf_report")
+
+    def benchmark_json_path(self) -> Path | None:
+        """--moeperf-benchmark-json, else beside the results file once pytest-benchmark is used."""
+        path = options.resolve_path(self.config, "moeperf_benchmark_json")
+        if path is not None or not self.benchmark_linked:
+            return path
+        results = self.results_path()
+        folder = results.parent if results is not None else Path(self.config.rootpath)
+        return folder / "pytest-benchmark.json"
 
     def payload(self) -> dict[str, Any]:
         return {
@@ -146,6 +174,17 @@ class MoePerfSession:
                 )
             except Exception as exc:  # a report bug must not hide the results file
                 self.warnings.append(f"report not written: {type(exc).__name__}: {exc}")
+        bench = self.benchmark_json_path()
+        if bench is not None:
+            try:
+                from pytest_moeperf.report.benchmark_json import to_benchmark_json
+
+                write_json_atomic(bench, to_benchmark_json(data, source="this session"))
+                self.benchmark_written = bench
+            except Exception as exc:  # like the report: never hide the results file
+                where = options.resolve(self.config, "moeperf_benchmark_json").source
+                self.warnings.append(f"pytest-benchmark JSON not written to {bench} ({where}): "
+                                     f"{type(exc).__name__}: {exc}")  # fmt: skip
 
 
 def command_line(argv: list[str]) -> str:
