@@ -227,6 +227,7 @@ class PerfTest:
     def _measure(self, plan: Plan, endpoint: Endpoint, model_dir: Path | None,
                  env: Any) -> list[RunMeasurement]:  # fmt: skip
         driver = self.driver(plan, model_dir, env)
+        driver.warm_up(endpoint, f"moeperf {self.item.name}")
         label = f"moeperf {self.item.name}: run {{}}/{plan.runs}"
         return [driver.run(endpoint, i, label.format(i + 1)) for i in range(plan.runs)]
 
