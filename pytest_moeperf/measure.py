@@ -284,6 +284,7 @@ class PerfTest:
                   partial: str | None) -> None:  # fmt: skip
         from pytest_moeperf import gates
         from pytest_moeperf.baseline import BaselineKey, BaselineStore
+        from pytest_moeperf.environment import usable_cpus
         from pytest_moeperf.moeconfig.folder import config_hash
         from pytest_moeperf.server.embedded import model_fingerprint
 
@@ -297,8 +298,9 @@ class PerfTest:
         p = plan.spec.parallelism
         key = BaselineKey(
             backend=env.backend,
-            gpu_name=env.accelerator,
-            gpu_count=env.gpu_count,
+            # on the CPU backend the "accelerator" is the CPU model and its usable cores
+            gpu_name=env.cpu if env.backend == "cpu" else env.accelerator,
+            gpu_count=usable_cpus() if env.backend == "cpu" else env.gpu_count,
             driver=env.driver,
             cuda=env.cuda,
             vllm_version=env.vllm_version,
