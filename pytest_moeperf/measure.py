@@ -17,6 +17,7 @@ import pytest
 from pytest_moeperf import markers, options
 from pytest_moeperf.errors import MoePerfError, UsageError
 from pytest_moeperf.load.probe import Endpoint, MbuInputs, RunMeasurement, ServerDied
+from pytest_moeperf.metrics.summary import failed_text
 from pytest_moeperf.server.embedded import EMBEDDED_NAME
 from pytest_moeperf.server.fixture import ServerFactory
 from pytest_moeperf.session import MoePerfSession, PerfResult
@@ -95,13 +96,15 @@ class PerfTest:
         data["spec"] = _spec_summary(plan)
         data["moe_config"] = {"name": plan.moe.name, "check": check,
                               "loaded": list(self._loaded())}  # fmt: skip
-        runs: list[RunMeasurement] = []
+        runs: list[RunMeasurement] = []  # filled run by run: a death keeps the finished ones
         partial: str | None = None
         try:
-            runs = self._measure(plan, endpoint, model_dir, env)
+            self._measure(plan, endpoint, model_dir, env, runs)
         except ServerDied as died:
-            partial = str(died)
-            reasons.append(partial)
+            server = getattr(self, "_server", None)
+            partial = f"{died} (run {len(runs) + 1} of {plan.runs})"
+            reasons.append(partial + (server.death_note() if server is not None else ""))
+            data["partial"] = True
             data["partial_probes"] = died.partial
         metrics: dict[str, list[float]] = {
             n: [v for r in runs if (v := r.metrics.get(n)) is not None] for n in METRIC_UNITS
@@ -183,7 +186,7 @@ class PerfTest:
                                    cwd=Path(self.config.rootpath))  # fmt: skip
 
     def _measure(self, plan: Plan, endpoint: Endpoint, model_dir: Path | None,
-                 env: Any) -> list[RunMeasurement]:  # fmt: skip
+                 env: Any, out: list[RunMeasurement]) -> None:  # fmt: skip
         from pytest_moeperf.load.probe import measure_run
         from pytest_moeperf.metrics.energy import make_default_meter
 
@@ -197,7 +200,8 @@ class PerfTest:
         spec_rate_min = (plan.spec.search.rate_min if plan.spec.search
                          else (plan.spec.arrival.rate or 1.0))  # fmt: skip
         rate_min = spec_rate_min
-        out: list[RunMeasurement] = []
+        server = getattr(self, "_server", None)
+        pid = server.pgid if server is not None else None
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
         for i in range(plan.runs):
 
@@ -212,14 +216,21 @@ class PerfTest:
                         f"rate {rate:.3g} req/s: {'met' if res.met else 'missed'} "
                         f"(ttft p99 {s['ttft']['p99_ms']:.0f} ms, tpot p99 "
                                   f"{s['tpot']['p99_ms']:.1f} ms, attainment "
-                                  f"{100 * s['slo_attainment']:.0f} %)")  # fmt: skip
+                                  f"{100 * s['slo_attainment']:.0f} %"
+                                  f"{failed_text(s)})")  # fmt: skip
 
-            def once(start: float, i: int = i, progress: Any = progress) -> RunMeasurement:
+            def started(k: int, rate: float, i: int = i) -> None:
+                self.config.hook.pytest_moeperf_probe_start(
+                    config=self.config, nodeid=self.item.nodeid, run_number=i + 1,
+                    probe_number=k, rate=rate, server_pid=pid)  # fmt: skip
+
+            def once(start: float, i: int = i, progress: Any = progress,
+                     started: Any = started) -> RunMeasurement:  # fmt: skip
                 return measure_run(endpoint, plan.spec, plan.slo, index=i, meter=meter,
                                    vocab_size=vocab, rate_min=start,
                                    probe_requests=plan.probe_requests,
                                    max_probes=plan.max_probes, mbu_inputs=mbu_inputs,
-                                   on_probe=progress)  # fmt: skip
+                                   on_probe=progress, on_probe_start=started)  # fmt: skip
 
             run = once(rate_min)
             if run.search.boundary_rate is None and rate_min > spec_rate_min:
@@ -229,7 +240,6 @@ class PerfTest:
             out.append(run)
             if run.search.boundary_rate is not None:
                 rate_min = run.search.boundary_rate * 0.9  # next run starts near the boundary
-        return out
 
     def _mbu_inputs(self, plan: Plan, model_dir: Path | None, env: Any) -> MbuInputs | None:
         from pytest_moeperf.metrics.hardware import rated_bandwidth

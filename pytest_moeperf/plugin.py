@@ -10,7 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -75,22 +75,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Validate every moeperf marker before the test runs: a misuse is one clear line."""
+    """Check markers, spec, options and baselines before the test runs: one clear line each."""
+    from pytest_moeperf import preflight
+
     message = None
     try:
-        markers.slo_gate(item)
-        markers.accuracy_gate(item)
-        markers.moe_config_choice(item)
-        if item.get_closest_marker("moeperf_spec") is not None:
-            markers.spec_choice(item, _specs_dir(item.config))
+        preflight.check_item(item)
     except UsageError as exc:
         message = str(exc)
     if message is not None:
         pytest.fail(message, pytrace=False)
 
 
-def _specs_dir(config: pytest.Config) -> Path:
-    return Path(config.rootpath) / "perf_tests" / "specs"
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A UsageError raised inside a test (a bad path found late) is shown as its one line."""
+    report = yield
+    exc = call.excinfo
+    if exc is not None and report.failed and isinstance(exc.value, UsageError):
+        report.longrepr = str(exc.value)
+    return report
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ the run are those of the probe at the boundary rate: SLO goodput is its output t
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,13 +21,17 @@ from pytest_moeperf.spec.model import Slo, Spec
 
 
 class ServerDied(MoePerfError):
-    """The server process exited while a probe was running."""
+    """The server process exited while a probe was running.
 
-    def __init__(self, probe_index: int, rate: float, partial: list[dict[str, Any]]) -> None:
-        self.probe_index = probe_index
+    ``probe_number`` counts from 1 within the run, as the progress lines do; ``partial`` holds
+    the run's finished probes and a last entry for the probe the server died in.
+    """
+
+    def __init__(self, probe_number: int, rate: float, partial: list[dict[str, Any]]) -> None:
+        self.probe_number = probe_number
         self.rate = rate
         self.partial = partial
-        super().__init__(f"server died during probe {probe_index} at rate {rate:g} req/s")
+        super().__init__(f"server died during probe {probe_number} at rate {rate:g} req/s")
 
 
 @dataclass
@@ -68,7 +73,9 @@ def measure_run(
     vocab_size: int, rate_min: float, probe_requests: int, max_probes: int,
     mbu_inputs: MbuInputs | None,
     on_probe: Callable[[int, float, ProbeResult], None] | None = None,
+    on_probe_start: Callable[[int, float], None] | None = None,
 ) -> RunMeasurement:  # fmt: skip
+    """One search; ``on_probe_start(probe_number, rate)`` is called before each probe's load."""
     from pytest_moeperf.load.runner import run_load
     from pytest_moeperf.load.search import search_slo_boundary
     from pytest_moeperf.metrics.summary import summarize
@@ -92,6 +99,8 @@ def measure_run(
                 return "server process exited"
             return abort(records, now_s)
 
+        if on_probe_start is not None:
+            on_probe_start(i + 1, rate)
         meter.start()
         run = run_load(endpoint.base_url, endpoint.model, requests, mode="poisson",
                        burstiness=spec.arrival.burstiness, seed=spec.workload.seed,
@@ -99,8 +108,12 @@ def measure_run(
         reading = meter.stop()
         energy.append({"rate": rate, **reading.to_dict()})
         if not endpoint.alive():
-            done.append({"rate": rate, "aborted": True, "reason": "server died"})
-            raise ServerDied(i, rate, done)
+            statuses = Counter(r.status for r in run.requests)
+            done.append({"rate": rate, "aborted": True, "reason": "server died",
+                         "partial": True, "planned_requests": len(requests),
+                         "recorded_requests": len(run.requests),
+                         "by_status": dict(sorted(statuses.items()))})  # fmt: skip
+            raise ServerDied(i + 1, rate, done)
         span = _send_span(run)
         warmup, cooldown = spec.window.resolve(span)
         summary = summarize(run, slo, warmup_s=warmup, cooldown_s=cooldown)
