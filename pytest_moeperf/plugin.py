@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_moeperf import markers, options
-from pytest_moeperf.errors import UsageError
+from pytest_moeperf.errors import ServerError, UsageError
 from pytest_moeperf.session import MoePerfSession  # light: json, time, options
 
 if TYPE_CHECKING:
@@ -91,10 +91,11 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A UsageError raised inside a test (a bad path found late) is shown as its one line."""
+    """A UsageError (a bad path found late) or a ServerError raised inside a test is shown as
+    its own message: one line, or the server's command and log tail, without plugin internals."""
     report = yield
     exc = call.excinfo
-    if exc is not None and report.failed and isinstance(exc.value, UsageError):
+    if exc is not None and report.failed and isinstance(exc.value, UsageError | ServerError):
         report.longrepr = str(exc.value)
     return report
 
