@@ -210,8 +210,11 @@ def test_bad_option_in_the_ini_file(
               "moeperf_startup_timeout = '-1'", "must be a finite number > 0")  # fmt: skip
 
 
-def test_valid_inputs_reach_the_server_start(pytester: pytest.Pytester) -> None:
+def test_valid_inputs_reach_the_server_start(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, embedded_model: Path
+) -> None:
     """The control: with nothing wrong, the run gets as far as the server command hook."""
+    monkeypatch.setenv("MOEPERF_CACHE_DIR", str(embedded_model.parent.parent))  # pytester's HOME
     result = _run(pytester)
     result.assert_outcomes(failed=1)
     assert "SERVER WOULD START" in result.stdout.str()
