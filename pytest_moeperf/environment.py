@@ -10,6 +10,7 @@ import os
 import platform
 import socket
 import subprocess
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,16 +48,30 @@ def server_gpu_indices(gpus_needed: int) -> tuple[int, ...]:
 
 
 def collect(*, engine_version: str | None, backend_hint: str, gpus_needed: int,
-            cwd: Path | None = None) -> Environment:  # fmt: skip
+            cwd: Path | None = None,
+            devices: Sequence[str] | None = None) -> Environment:  # fmt: skip
+    """The setup of one server. ``devices``: the CUDA_VISIBLE_DEVICES entries the server got
+    (from the GPU pool, or named for an external server); None: it inherited ours.
+
+    An external server stays "external" even where its GPUs are local and measured.
+    """
     from pytest_moeperf.metrics.hardware import visible_gpus
 
     gpus = visible_gpus() if backend_hint != "cpu" else []
-    indices = server_gpu_indices(gpus_needed) if gpus else ()
-    used = [g for g in gpus if g.index in indices] or gpus[: len(indices)]
+    if devices is not None:
+        from pytest_moeperf.gpupool import nvml_indices
+
+        indices = nvml_indices(tuple(devices), {g.index: g.uuid for g in gpus})
+        by_index = {g.index: g for g in gpus}
+        used = [by_index[i] for i in indices if i in by_index]
+    else:
+        indices = server_gpu_indices(gpus_needed) if gpus else ()
+        used = [g for g in gpus if g.index in indices] or gpus[: len(indices)]
     version = engine_version or _installed_vllm_version() or "unknown"
+    external = backend_hint == "external"
     return Environment(
-        accelerator=used[0].name if used else "cpu",
-        backend="cuda" if used else backend_hint,
+        accelerator=used[0].name if used else ("unknown" if external else "cpu"),
+        backend="external" if external else ("cuda" if used else backend_hint),
         gpu_count=len(used),
         gpu_indices=tuple(g.index for g in used),
         driver=(used[0].driver_version or "unknown") if used else "none",

@@ -24,6 +24,7 @@ IN_TREE = "in-tree"
 
 # --- signatures (never called; used for binding and for `pytest --markers`) -----------------
 def _moeperf_gpu() -> None: ...
+def _moeperf_exclusive() -> None: ...
 def _moeperf_spec(path: str, *, runs: int | None = None) -> None: ...
 def _moeperf_slo(ttft_p99_ms: float, tpot_p99_ms: float, *,
                  e2el_p99_ms: float | None = None) -> None: ...  # fmt: skip
@@ -36,6 +37,9 @@ def _moeperf_moe_config(folder: str | None = None, *, files: Mapping[str, Any] |
 MARKERS: dict[str, tuple[Callable[..., None], str]] = {
     "moeperf_gpu": (_moeperf_gpu, "perf test that needs a GPU: runs only with --gpu, skipped "
                     "otherwise with the reason and the command."),
+    "moeperf_exclusive": (_moeperf_exclusive, "the test's measurement must not share the node: "
+                          "it leases every GPU of the pool (and the node) for its whole "
+                          "duration, so under xdist it runs alone; this serialises the run."),
     "moeperf_spec": (_moeperf_spec, "the workload spec (YAML) the test serves and drives; path "
                      "relative to the test file or perf_tests/specs/."),
     "moeperf_slo": (_moeperf_slo, "SLO gate: p99 TTFT and p99 TPOT limits in ms (and optionally "
@@ -254,6 +258,11 @@ def moe_config_choice(item: pytest.Item) -> MoeConfigChoice | None:
             "files, relative to the test file",
         )
     return MoeConfigChoice(name or p.name, p, None, source)
+
+
+def exclusive(item: pytest.Item) -> bool:
+    """True for a test marked ``moeperf_exclusive`` (which takes no arguments)."""
+    return _bind(item, "moeperf_exclusive") is not None
 
 
 def spec_choice(item: pytest.Item, specs_dir: Path) -> SpecChoice | None:

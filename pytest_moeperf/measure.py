@@ -7,25 +7,28 @@ failures into one-line test failures (never exceptions from the summary hook).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_moeperf import markers, options
 from pytest_moeperf.errors import MoePerfError, UsageError
 from pytest_moeperf.load.probe import Endpoint, MbuInputs, RunMeasurement, ServerDied
-from pytest_moeperf.metrics.summary import failed_text
 from pytest_moeperf.server.embedded import EMBEDDED_NAME
 from pytest_moeperf.server.fixture import ServerFactory
 from pytest_moeperf.session import MoePerfSession, PerfResult
 from pytest_moeperf.spec.model import Slo, Spec
 
-METRIC_UNITS = {"slo_goodput_tok_s": "tok/s", "slo_rate_rps": "req/s", "ttft_p99_ms": "ms",
-                "tpot_p99_ms": "ms", "e2el_p99_ms": "ms", "tok_per_j": "tok/J",
-                "power_w": "W", "mbu": "fraction"}  # fmt: skip
+if TYPE_CHECKING:
+    from pytest_moeperf.load.driver import RunDriver
+
+METRIC_UNITS = {"slo_goodput_tok_s": "tok/s", "slo_rate_rps": "req/s", "output_tok_s": "tok/s",
+                "ttft_p99_ms": "ms", "tpot_p99_ms": "ms", "e2el_p99_ms": "ms",
+                "tok_per_j": "tok/J", "power_w": "W", "mbu": "fraction"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,13 @@ class PerfTest:
         reasons: list[str] = []
         endpoint, model_dir, check = self._start(plan)
         env = self._environment(plan, endpoint)
+        from pytest_moeperf.hygiene import check_before_load  # after startup, before load
+
+        data["hygiene"], noisy = check_before_load(getattr(self, "_server", None),
+                                                   env.gpu_indices, backend=env.backend,
+                                                   server_url=plan.server_url)  # fmt: skip
+        if noisy:
+            self.session.warn(f"{self.item.nodeid}: {noisy}")
         data["spec"] = _spec_summary(plan)
         data["moe_config"] = {"name": plan.moe.name, "check": check,
                               "loaded": list(self._loaded())}  # fmt: skip
@@ -106,15 +116,10 @@ class PerfTest:
             reasons.append(partial + (server.death_note() if server is not None else ""))
             data["partial"] = True
             data["partial_probes"] = died.partial
-        metrics: dict[str, list[float]] = {
-            n: [v for r in runs if (v := r.metrics.get(n)) is not None] for n in METRIC_UNITS
-        }
+        metrics = collect_metrics(runs)
         data["metrics"] = {n: _metric_entry(n, v, runs) for n, v in metrics.items()}
         data["search_runs"] = [r.to_dict() for r in runs]
-        if runs and not metrics["slo_goodput_tok_s"]:
-            reasons.append(f"SLO gate ({plan.slo_source}): no probed rate met p99 TTFT <= "
-                           f"{plan.slo.ttft_p99_ms:g} ms and p99 TPOT <= "
-                           f"{plan.slo.tpot_p99_ms:g} ms; " + runs[0].search.note)  # fmt: skip
+        reasons.extend(slo_failures(plan, runs))
         accuracy = self._accuracy(plan, endpoint) if partial is None else None
         data["accuracy"] = accuracy
         data["setup"] = self._setup(plan, env, data)
@@ -134,16 +139,18 @@ class PerfTest:
         if plan.server_url:
             model = _served_model(plan.server_url)
             return (Endpoint(plan.server_url, model), None,
-                    f"declared, not set: external server {plan.server_url}")  # fmt: skip
+                    f"declared, not set: {plan.moe.name} on external server "
+                    f"{plan.server_url}")  # fmt: skip
         model_dir = self._model_dir(plan.spec)
         args = plan.spec.vllm_args()
         self.config.hook.pytest_moeperf_server_command(config=self.config, command=args)
         server = self.factory(model_dir, args, name=plan.moe.name,
                               moe_config_folder=plan.moe.folder,
-                              moe_config_files=plan.moe.files)  # fmt: skip
+                              moe_config_files=plan.moe.files,
+                              env=plan.spec.parallelism.server_env())  # fmt: skip
         self._server = server
-        return (Endpoint(server.base_url, server.model_name, server.alive), model_dir,
-                self.factory.checks[-1].message)  # fmt: skip
+        endpoint = Endpoint(server.base_url, server.model_name, server.alive, server.pgid)
+        return endpoint, model_dir, self.factory.checks[-1].message
 
     def _loaded(self) -> tuple[str, ...]:
         server = getattr(self, "_server", None)
@@ -179,67 +186,60 @@ class PerfTest:
                 else "cuda"
             )
         )
-        p = plan.spec.parallelism
-        return environment.collect(engine_version=engine_version(log) if log else None,
-                                   backend_hint=backend,
-                                   gpus_needed=p.tensor * p.data * p.pipeline,
-                                   cwd=Path(self.config.rootpath))  # fmt: skip
+        version, devices = engine_version(log) if log else None, None
+        if server is not None:
+            devices = server.gpu_devices  # leased from the GPU pool
+        elif plan.server_url:
+            from pytest_moeperf.external import describe
 
-    def _measure(self, plan: Plan, endpoint: Endpoint, model_dir: Path | None,
-                 env: Any, out: list[RunMeasurement]) -> None:  # fmt: skip
-        from pytest_moeperf.load.probe import measure_run
+            ext = describe(self.config, plan.server_url)
+            version, devices = ext.version or "unknown (external)", ext.devices
+        return environment.collect(engine_version=version, backend_hint=backend,
+                                   gpus_needed=plan.spec.parallelism.gpus,
+                                   cwd=Path(self.config.rootpath), devices=devices)  # fmt: skip
+
+    def driver(self, plan: Plan, model_dir: Path | None, env: Any) -> RunDriver:
+        """The run driver: meter (hook or NVML), prompt vocabulary, MBU inputs, progress."""
+        from pytest_moeperf.load.driver import RunDriver
         from pytest_moeperf.metrics.energy import make_default_meter
 
         meter = self.config.hook.pytest_moeperf_energy_meter(
             config=self.config, device_indices=list(env.gpu_indices)
         )
+        if meter is None and env.backend == "external" and not env.gpu_indices:
+            from pytest_moeperf.external import ENERGY_NOT_MEASURED
+            from pytest_moeperf.metrics.energy import NotMeasuredMeter
+
+            meter = NotMeasuredMeter(ENERGY_NOT_MEASURED)
         if meter is None:
             meter = make_default_meter(list(env.gpu_indices))
-        vocab = _vocab_size(model_dir)
-        mbu_inputs = self._mbu_inputs(plan, model_dir, env)
-        spec_rate_min = (plan.spec.search.rate_min if plan.spec.search
-                         else (plan.spec.arrival.rate or 1.0))  # fmt: skip
-        rate_min = spec_rate_min
-        server = getattr(self, "_server", None)
-        pid = server.pgid if server is not None else None
+        return RunDriver(plan.spec, plan.slo, meter, _vocab_size(model_dir),
+                         self._mbu_inputs(plan, model_dir, env), plan.probe_requests,
+                         plan.max_probes, say=self.say,
+                         probe_start=self._probe_start)  # fmt: skip
+
+    def _probe_start(self, endpoint: Endpoint, run_number: int, probe_number: int,
+                     rate: float) -> None:  # fmt: skip
+        self.config.hook.pytest_moeperf_probe_start(
+            config=self.config, nodeid=self.item.nodeid, run_number=run_number,
+            probe_number=probe_number, rate=rate, server_pid=endpoint.server_pid)  # fmt: skip
+
+    def say(self, line: str) -> None:
+        """One progress line on the terminal, through output capture (-s not needed)."""
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is None:
+            return
+        capman = self.config.pluginmanager.get_plugin("capturemanager")
+        with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+            tr.write_line(line)
+
+    def _measure(self, plan: Plan, endpoint: Endpoint, model_dir: Path | None,
+                 env: Any, out: list[RunMeasurement]) -> None:  # fmt: skip
+        """Appends run by run, so a server death keeps the runs that finished."""
+        driver = self.driver(plan, model_dir, env)
+        label = f"moeperf {self.item.name}: run {{}}/{plan.runs}"
         for i in range(plan.runs):
-
-            def progress(k: int, rate: float, res: Any, i: int = i) -> None:
-                s = res.summary
-                if tr is None:
-                    return
-                capman = self.config.pluginmanager.get_plugin("capturemanager")
-                with capman.global_and_fixture_disabled() if capman else _null():
-                    tr.write_line(f"moeperf {self.item.name}: run {i + 1}/{plan.runs} "
-                        f"probe {k + 1} "
-                        f"rate {rate:.3g} req/s: {'met' if res.met else 'missed'} "
-                        f"(ttft p99 {s['ttft']['p99_ms']:.0f} ms, tpot p99 "
-                                  f"{s['tpot']['p99_ms']:.1f} ms, attainment "
-                                  f"{100 * s['slo_attainment']:.0f} %"
-                                  f"{failed_text(s)})")  # fmt: skip
-
-            def started(k: int, rate: float, i: int = i) -> None:
-                self.config.hook.pytest_moeperf_probe_start(
-                    config=self.config, nodeid=self.item.nodeid, run_number=i + 1,
-                    probe_number=k, rate=rate, server_pid=pid)  # fmt: skip
-
-            def once(start: float, i: int = i, progress: Any = progress,
-                     started: Any = started) -> RunMeasurement:  # fmt: skip
-                return measure_run(endpoint, plan.spec, plan.slo, index=i, meter=meter,
-                                   vocab_size=vocab, rate_min=start,
-                                   probe_requests=plan.probe_requests,
-                                   max_probes=plan.max_probes, mbu_inputs=mbu_inputs,
-                                   on_probe=progress, on_probe_start=started)  # fmt: skip
-
-            run = once(rate_min)
-            if run.search.boundary_rate is None and rate_min > spec_rate_min:
-                # the warm start (just under the last boundary) missed: search from the spec's
-                # own lowest rate rather than report a run without a boundary
-                run = once(spec_rate_min)
-            out.append(run)
-            if run.search.boundary_rate is not None:
-                rate_min = run.search.boundary_rate * 0.9  # next run starts near the boundary
+            out.append(driver.run(endpoint, i, label.format(i + 1)))
 
     def _mbu_inputs(self, plan: Plan, model_dir: Path | None, env: Any) -> MbuInputs | None:
         from pytest_moeperf.metrics.hardware import rated_bandwidth
@@ -274,13 +274,19 @@ class PerfTest:
         return result.to_dict()
 
     def _setup(self, plan: Plan, env: Any, data: dict[str, Any]) -> dict[str, Any]:
+        from pytest_moeperf.metrics.hardware import rated_bandwidth
+
         p = plan.spec.parallelism
         energy = [e for r in data["search_runs"] for e in r["energy"]]
         source = energy[0]["method"] if energy else "not_measured"
+        override = options.value(self.config, "moeperf_hbm_bandwidth")
+        bw, _ = rated_bandwidth(env.accelerator, float(override) * 1e12 if override else None)
+        quant = next((str(v) for k, v in plan.spec.engine_args if k == "quantization"), None)
         return {**env.to_dict(), "model": plan.spec.model.path, "dtype": plan.spec.model.dtype,
-                "quantization": None, "tp": p.tensor, "dp": p.data, "ep": p.expert,
+                "quantization": quant, "tp": p.tensor, "dp": p.data, "ep": p.expert,
+                "pp": p.pipeline, "gpus_per_server": p.gpus,
                 "power_source": source, "command": self.session.payload()["command"],
-                "rated_bandwidth_tb_s": None}  # fmt: skip
+                "rated_bandwidth_tb_s": bw / 1e12 if bw else None}  # fmt: skip
 
     def _baseline(self, plan: Plan, env: Any, model_dir: Path | None,
                   metrics: dict[str, list[float]], runs: list[RunMeasurement],
@@ -344,8 +350,7 @@ class PerfTest:
                 or (("the test failed: " + "; ".join(reasons)) if reasons else None)
                 or (
                     None
-                    if len(runs) == plan.runs
-                    and all(r.metrics.get("slo_goodput_tok_s") is not None for r in runs)
+                    if len(runs) == plan.runs and all(r.complete for r in runs)
                     else "not every run completed with an SLO boundary"
                 )
             )
@@ -378,10 +383,31 @@ class PerfTest:
         return "\n".join(lines)
 
 
-def _null() -> Any:
-    import contextlib
+def collect_metrics(runs: list[RunMeasurement]) -> dict[str, list[float]]:
+    """Per metric, the values of the runs that measured it (a missing value is no value)."""
+    names = [n for n in METRIC_UNITS if any(n in r.metrics for r in runs)]
+    return {n: [v for r in runs if (v := r.metrics.get(n)) is not None] for n in names}
 
-    return contextlib.nullcontext()
+
+def slo_failures(plan: Plan, runs: list[RunMeasurement]) -> list[str]:
+    """The SLO gate: a search must find a rate meeting it; a fixed load must meet it."""
+    slo = (f"p99 TTFT <= {plan.slo.ttft_p99_ms:g} ms and p99 TPOT <= "
+           f"{plan.slo.tpot_p99_ms:g} ms")  # fmt: skip
+    out: list[str] = []
+    # A run with no boundary is the strongest regression signal there is, not a missing value:
+    # one such run fails the gate (it would otherwise drop out of the verdict's statistics).
+    missing = [r for r in runs if r.search is not None and r.search.boundary_rate is None]
+    if missing:
+        which = ", ".join(f"{r.index + 1}/{plan.runs}" for r in missing)
+        note = missing[0].search.note if missing[0].search is not None else ""
+        out.append(f"SLO gate ({plan.slo_source}): in run {which} no probed rate met {slo}; "
+                   f"{note}")  # fmt: skip
+    missed = [r.index + 1 for r in runs if r.fixed is not None and not r.fixed.get("slo_met")]
+    if missed:
+        c = plan.spec.arrival.concurrency
+        out.append(f"SLO gate ({plan.slo_source}): runs {missed} at concurrency {c} missed "
+                   f"{slo}")  # fmt: skip
+    return out
 
 
 def _metric_entry(name: str, values: list[float], runs: list[RunMeasurement]) -> dict[str, Any]:

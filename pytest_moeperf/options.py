@@ -70,6 +70,14 @@ def parse_positive_float(text: str) -> float:
     return value
 
 
+def parse_levels(text: str) -> str:
+    """``1,4,16,64``: concurrency levels of a sweep, checked here so the error names its source."""
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise ValueError("expected comma-separated integers >= 1, e.g. 1,4,16,64")
+    return ",".join(str(int(p)) for p in parts)
+
+
 def parse_url(text: str) -> str:
     t = text.strip().rstrip("/")
     if not t.startswith(("http://", "https://")):
@@ -97,6 +105,10 @@ SETTINGS: tuple[Setting, ...] = (
             "path (suffix replaced).", str, None, metavar="PATH"),
     Setting("moeperf_results", "--moeperf-results", "JSON results file for the session.",
             str, "moeperf-results/results.json", metavar="PATH"),
+    Setting("moeperf_benchmark_json", "--moeperf-benchmark-json", "also write the results in "
+            "pytest-benchmark's JSON format, for `pytest-benchmark compare` (default when a perf "
+            "test also uses the benchmark fixture: pytest-benchmark.json beside the results "
+            "file).", str, None, metavar="PATH"),
     Setting("moeperf_ci", "--moeperf-ci", "CI mode: a missing baseline fails the test instead of "
             "warning.", parse_bool, False, is_flag=True),
     Setting("moeperf_runs", "--moeperf-runs", "repeated runs per config (default: the spec's "
@@ -110,6 +122,30 @@ SETTINGS: tuple[Setting, ...] = (
             parse_bool, False, is_flag=True),
     Setting("moeperf_cache_dir", "--moeperf-cache-dir", "where the embedded model is generated "
             "(default: ~/.cache/pytest-moeperf).", str, None, metavar="DIR"),
+    Setting("moeperf_ab_range", "--moeperf-ab-range", "A/B gate: the MoE config files changed "
+            "in this git range (e.g. origin/main...HEAD) become base-vs-head cases.",
+            str, None, metavar="RANGE"),
+    Setting("moeperf_ab_folders", "--moeperf-ab-folders", "A/B gate: compare the config files "
+            "that differ between two folders, BASE,HEAD.", str, None, metavar="BASE,HEAD"),
+    Setting("moeperf_ab_pairs", "--moeperf-ab-pairs", "A/B gate: interleaved base/head pairs "
+            "(default: the spec's runs, at least 3).", parse_positive_int, None, metavar="N"),
+    Setting("moeperf_ab_control", "--moeperf-ab-control", "A/B gate: also run an A/A control "
+            "(base vs a fresh server with a copy of base); a difference there fails the gate as "
+            "too noisy.", parse_bool, False, is_flag=True),
+    Setting("moeperf_ab_summary", "--moeperf-ab-summary", "A/B gate: Markdown summary to paste "
+            "into the PR.", str, "moeperf-results/ab-summary.md", metavar="PATH"),
+    Setting("moeperf_sweep", "--moeperf-sweep", "A/B gate: also sweep these concurrencies, one "
+            "closed-loop run per side per level (e.g. 1,4,16,64).", parse_levels, None,
+            metavar="LEVELS"),
+    Setting("moeperf_gpus", "--moeperf-gpus", "GPUs the pool leases to servers, as "
+            "CUDA_VISIBLE_DEVICES entries (default: CUDA_VISIBLE_DEVICES, else every GPU NVML "
+            "sees); with --moeperf-server-url, the local GPUs of that server, for energy.",
+            str, None, metavar="LIST"),
+    Setting("moeperf_gpu_wait", "--moeperf-gpu-wait", "seconds a server waits for its GPUs "
+            "while other xdist workers hold them.", parse_positive_float, 3600.0, metavar="S"),
+    Setting("moeperf_gpu_lock_dir", "--moeperf-gpu-lock-dir", "folder of the GPU pool's lock "
+            "files (default: the run's temporary root, shared by its xdist workers); give one "
+            "folder to several pytest runs that share a node.", str, None, metavar="DIR"),
 )  # fmt: skip
 
 BY_NAME = {s.name: s for s in SETTINGS}

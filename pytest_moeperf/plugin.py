@@ -10,7 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import signal
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -22,10 +22,14 @@ from pytest_moeperf.errors import ServerError, UsageError
 from pytest_moeperf.session import MoePerfSession  # light: json, time, options
 
 if TYPE_CHECKING:
+    from pytest_moeperf.ab.cases import AbCase
+    from pytest_moeperf.ab.gate import AbTest
+    from pytest_moeperf.gpupool import GpuPool, TestGpus
     from pytest_moeperf.measure import PerfTest
     from pytest_moeperf.server.fixture import ServerFactory
 
 SESSION_KEY = pytest.StashKey[MoePerfSession]()
+AB_CASES_KEY = pytest.StashKey["tuple[list[AbCase], str | None]"]()
 GPU_SKIP_REASON = (
     "needs a GPU: this perf test is marked moeperf_gpu; run `pytest perf_tests --gpu` on a GPU "
     "machine with vLLM installed (pip install 'pytest-moeperf[gpu]')"
@@ -45,7 +49,38 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     markers.register(config)
     config.stash[SESSION_KEY] = MoePerfSession(config)
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(_XdistRelay(config.stash[SESSION_KEY]), "moeperf-relay")
     _install_signal_cleanup()
+
+
+class _XdistRelay:
+    """On the xdist controller: collect the results the workers attached to their reports."""
+
+    def __init__(self, session: MoePerfSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        payload = getattr(report, "moeperf_payload", None)
+        if payload and getattr(report, "node", None) is not None:  # relayed from a worker
+            self.session.add_from_worker(payload)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
+    """A UsageError (a bad path found late) or a ServerError raised inside a test is shown as
+    its own message: one line, or the server's command and log tail, without plugin internals.
+    On an xdist worker: ship this test's results with its report (pytest serialises it)."""
+    report = yield
+    exc = call.excinfo
+    if exc is not None and report.failed and isinstance(exc.value, UsageError | ServerError):
+        report.longrepr = str(exc.value)
+    session = item.config.stash.get(SESSION_KEY, None)
+    if session is not None and session.is_xdist_worker:
+        payload = session.take_for_controller()
+        if payload is not None:
+            report.moeperf_payload = payload
+    return report
 
 
 def _install_signal_cleanup() -> None:
@@ -72,6 +107,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("moeperf_gpu") is not None and not gpu:
             item.add_marker(pytest.mark.skip(reason=GPU_SKIP_REASON))
+        names = getattr(item, "fixturenames", None)
+        if (item.get_closest_marker("moeperf_exclusive") is not None
+                and isinstance(names, list) and "moeperf_gpus" not in names):  # fmt: skip
+            names.append("moeperf_gpus")  # the exclusive lease lives in that fixture
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -87,28 +126,85 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         pytest.fail(message, pytrace=False)
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    """A UsageError (a bad path found late) or a ServerError raised inside a test is shown as
-    its own message: one line, or the server's command and log tail, without plugin internals."""
-    report = yield
-    exc = call.excinfo
-    if exc is not None and report.failed and isinstance(exc.value, UsageError | ServerError):
-        report.longrepr = str(exc.value)
-    return report
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A/B tests (they use ``moeperf_ab``) get one parameter per changed MoE config file."""
+    if "moeperf_ab_case" not in metafunc.fixturenames:
+        return
+    cases, _ = _ab_cases(metafunc.config)
+    if cases:
+        metafunc.parametrize("moeperf_ab_case", cases, ids=[c.id for c in cases])
+    else:  # one skipped test that says why, rather than a test that silently vanishes
+        metafunc.parametrize("moeperf_ab_case", [None], ids=["no-ab-case"])
+
+
+def _ab_cases(config: pytest.Config) -> tuple[list[AbCase], str | None]:
+    """Changed config files, found once per session (git is asked once, not once per test)."""
+    if AB_CASES_KEY not in config.stash:
+        from pytest_moeperf.ab.cases import discover
+
+        rng = options.resolve(config, "moeperf_ab_range")
+        folders = options.resolve(config, "moeperf_ab_folders")
+        try:
+            cases = discover(Path(config.rootpath), git_range=rng.value, folders=folders.value,
+                             source=rng.source if rng.value else folders.source)  # fmt: skip
+        except UsageError as exc:
+            raise pytest.UsageError(str(exc)) from None
+        origin = (f"git range {rng.value}" if rng.value
+                  else f"folders {folders.value}" if folders.value else None)  # fmt: skip
+        config.stash[AB_CASES_KEY] = (cases, origin)
+    return config.stash[AB_CASES_KEY]
+
+
+@pytest.fixture(scope="session")
+def moeperf_gpu_pool(request: pytest.FixtureRequest,
+                     tmp_path_factory: pytest.TempPathFactory) -> GpuPool:  # fmt: skip
+    """This process's handle on the GPU pool that all xdist workers of the run share."""
+    from pytest_moeperf.gpupool import pool_from_config
+
+    root = tmp_path_factory.getbasetemp()
+    if hasattr(request.config, "workerinput"):  # xdist worker: its basetemp is <run root>/<gw>
+        root = root.parent
+    try:
+        pool = pool_from_config(request.config, root)
+        pool.universe  # noqa: B018 - a bad --moeperf-gpus fails here, once, in one line
+    except UsageError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    return pool
+
+
+@pytest.fixture
+def moeperf_gpus(request: pytest.FixtureRequest, moeperf_gpu_pool: GpuPool) -> Iterator[TestGpus]:
+    """GPU leases for this test (``moeperf_gpus.lease(2).env``); all of them if exclusive."""
+    from pytest_moeperf.errors import MoePerfError
+    from pytest_moeperf.gpupool import TestGpus, take_exclusive
+
+    gpus = TestGpus(moeperf_gpu_pool, request.node.nodeid)
+    if request.node.get_closest_marker("moeperf_exclusive") is not None:
+        try:
+            gpus.exclusive_lease = take_exclusive(moeperf_gpu_pool, request.node.nodeid)
+        except MoePerfError as exc:  # one line: already holding GPUs, or the wait ran out
+            pytest.fail(str(exc), pytrace=False)
+    try:
+        yield gpus
+    finally:
+        gpus.release_all()
+        if gpus.exclusive_lease is not None:
+            gpus.exclusive_lease.release()
 
 
 @pytest.fixture
 def moeperf_server_factory(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest, tmp_path: Path, moeperf_gpus: TestGpus
 ) -> Iterator[ServerFactory]:
-    """Start real vLLM servers: ``server = moeperf_server_factory(model, args, ...)``."""
+    """Start real vLLM servers: ``server = moeperf_server_factory(model, args, ...)``.
+
+    Each server leases its GPUs (tensor x pipeline x data, from its flags) from the pool.
+    """
     from pytest_moeperf.server.fixture import ServerFactory
 
     timeout = options.value(request.config, "moeperf_startup_timeout")
-    factory = ServerFactory(tmp_path, startup_timeout_s=float(timeout))
+    factory = ServerFactory(tmp_path, startup_timeout_s=float(timeout),
+                            gpu_pool=moeperf_gpus.pool, owner=request.node.nodeid)  # fmt: skip
     try:
         yield factory
     finally:
@@ -135,6 +231,29 @@ def moeperf(
     return PerfTest(item, request.config.stash[SESSION_KEY], moeperf_server_factory, tmp_path)
 
 
+@pytest.fixture
+def moeperf_ab_case() -> None:
+    """The changed config file of an A/B test; replaced by pytest_generate_tests' parameter."""
+    return None
+
+
+@pytest.fixture
+def moeperf_ab(
+    request: pytest.FixtureRequest,
+    moeperf_ab_case: AbCase | None,
+    moeperf_server_factory: ServerFactory,
+    tmp_path: Path,
+) -> AbTest:
+    """The MoE config gate: ``moeperf_ab.run()`` serves base and head interleaved and judges."""
+    from pytest_moeperf.ab.gate import AbTest
+
+    item = request.node
+    assert isinstance(item, pytest.Item)
+    _, origin = _ab_cases(request.config)
+    return AbTest(item, request.config.stash[SESSION_KEY], moeperf_server_factory, tmp_path,
+                  moeperf_ab_case, origin)  # fmt: skip
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
@@ -145,6 +264,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     state = session.config.stash.get(SESSION_KEY, None)
     if state is not None:
         state.finish()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """After the test body: a perf test that also used pytest-benchmark shares its numbers."""
+    try:
+        return (yield)
+    finally:
+        state = item.config.stash.get(SESSION_KEY, None)
+        if state is not None:
+            state.link_benchmark(item)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -17,7 +17,7 @@ from pytest_moeperf import markers, options
 from pytest_moeperf.errors import UsageError
 
 #: Fixtures whose tests start servers: their inputs are checked before setup.
-SERVER_FIXTURES = ("moeperf", "moeperf_server_factory")
+SERVER_FIXTURES = ("moeperf", "moeperf_ab", "moeperf_server_factory")
 
 
 def specs_dir(config: pytest.Config) -> Path:
@@ -28,6 +28,7 @@ def check_item(item: pytest.Item) -> None:
     """Raise the first bad input of ``item`` as a UsageError; return quietly if all is well."""
     markers.slo_gate(item)
     markers.accuracy_gate(item)
+    markers.exclusive(item)
     _check_moe_config(item)
     choice = None
     if item.get_closest_marker("moeperf_spec") is not None:

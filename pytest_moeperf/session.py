@@ -43,8 +43,16 @@ class MoePerfSession:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.results: list[PerfResult] = []
+        self.benchmark_linked: list[str] = []  # perf tests that also used pytest-benchmark
+        self.benchmark_written: Path | None = None
         self.started = time.time()
         self.warnings: list[str] = []
+        self.ab_summaries: list[str] = []  # Markdown blocks of the A/B gate, one per case
+        self._relayed = (0, 0)  # results, warnings already sent to the xdist controller
+
+    @property
+    def is_xdist_worker(self) -> bool:
+        return hasattr(self.config, "workerinput")
 
     def record(self, result: PerfResult) -> None:
         self.results.append(result)
@@ -55,9 +63,43 @@ class MoePerfSession:
     def warn(self, message: str) -> None:
         self.warnings.append(message)
 
+    def link_benchmark(self, item: pytest.Item) -> None:
+        """A perf test that also used pytest-benchmark's fixture: its record gets our centers."""
+        if "benchmark" not in getattr(item, "fixturenames", ()):
+            return
+        mine = [r for r in self.results if r.nodeid == item.nodeid]
+        if not mine:
+            return
+        self.benchmark_linked.append(item.nodeid)
+        fixture = getattr(item, "funcargs", {}).get("benchmark")
+        extra = getattr(fixture, "extra_info", None)
+        if isinstance(extra, dict):
+            from pytest_moeperf.report.benchmark_json import fixture_extra_info
+
+            extra.update(fixture_extra_info(mine[-1].to_dict()))
+
+    # -- pytest-xdist: workers measure, the controller summarises and writes the files ----------
+    def take_for_controller(self) -> str | None:
+        """JSON of the results and warnings recorded since the last call (None: nothing new)."""
+        n_res, n_warn = self._relayed
+        new_res, new_warn = self.results[n_res:], self.warnings[n_warn:]
+        if not new_res and not new_warn:
+            return None
+        self._relayed = (len(self.results), len(self.warnings))
+        items = [{"result": r.to_dict(), "table": r.table} for r in new_res]
+        return json.dumps({"results": items, "warnings": new_warn}, default=str)  # inf kept
+
+    def add_from_worker(self, text: str) -> None:
+        data = json.loads(text)
+        for item in data["results"]:
+            d = dict(item["result"])
+            nodeid, outcome, reasons = d.pop("nodeid"), d.pop("outcome"), d.pop("reasons")
+            self.results.append(PerfResult(nodeid, outcome, d, item["table"], reasons))
+        self.warnings.extend(data["warnings"])
+
     # -- end of session ----------------------------------------------------------------------
     def terminal_summary(self, tr: Any) -> None:
-        if not self.results and not self.warnings:
+        if self.is_xdist_worker or (not self.results and not self.warnings):
             return
         tr.write_sep("=", "moeperf results")
         for r in self.results:
@@ -69,12 +111,17 @@ class MoePerfSession:
                 tr.write_line("  - " + reason)
         for w in self.warnings:
             tr.write_line("warning: " + w)
+        if self.benchmark_written is not None:
+            tr.write_line(f"pytest-benchmark JSON written to {self.benchmark_written}")
         path = self.results_path()
         if path is not None and self.results:
             tr.write_line(f"results written to {path}")
         report = self.report_path()
         if report is not None and self.results:
             tr.write_line(f"report written to {report.with_suffix('.html')} and .md")
+        summary = options.resolve_path(self.config, "moeperf_ab_summary")
+        if self.ab_summaries and summary is not None:
+            tr.write_line(f"A/B summary for the PR written to {summary}")
 
     def results_path(self) -> Path | None:
         return options.resolve_path(self.config, "moeperf_results")
@@ -82,21 +129,34 @@ class MoePerfSession:
     def report_path(self) -> Path | None:
         return options.resolve_path(self.config, "moeperf_report")
 
+    def benchmark_json_path(self) -> Path | None:
+        """--moeperf-benchmark-json, else beside the results file once pytest-benchmark is used."""
+        path = options.resolve_path(self.config, "moeperf_benchmark_json")
+        if path is not None or not self.benchmark_linked:
+            return path
+        results = self.results_path()
+        folder = results.parent if results is not None else Path(self.config.rootpath)
+        return folder / "pytest-benchmark.json"
+
     def payload(self) -> dict[str, Any]:
         return {
             "schema_version": RESULTS_SCHEMA,
             "plugin_version": __version__,
             "started": self.started,
             "finished": time.time(),
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+            "command": command_line(sys.argv),
             "quick": bool(options.value(self.config, "moeperf_quick")),
             "results": [r.to_dict() for r in self.results],
             "warnings": self.warnings,
         }
 
     def finish(self) -> None:
-        if not self.results:
+        if not self.results or self.is_xdist_worker:  # the controller writes the files
             return
+        summary = options.resolve_path(self.config, "moeperf_ab_summary")
+        if self.ab_summaries and summary is not None:
+            summary.parent.mkdir(parents=True, exist_ok=True)
+            summary.write_text("\n".join(self.ab_summaries), encoding="utf-8")
         path = self.results_path()
         data = self.payload()
         if path is not None:
@@ -114,6 +174,25 @@ class MoePerfSession:
                 )
             except Exception as exc:  # a report bug must not hide the results file
                 self.warnings.append(f"report not written: {type(exc).__name__}: {exc}")
+        bench = self.benchmark_json_path()
+        if bench is not None:
+            try:
+                from pytest_moeperf.report.benchmark_json import to_benchmark_json
+
+                write_json_atomic(bench, to_benchmark_json(data, source="this session"))
+                self.benchmark_written = bench
+            except Exception as exc:  # like the report: never hide the results file
+                where = options.resolve(self.config, "moeperf_benchmark_json").source
+                self.warnings.append(f"pytest-benchmark JSON not written to {bench} ({where}): "
+                                     f"{type(exc).__name__}: {exc}")  # fmt: skip
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as a user would retype it: ``python -m pytest`` runs show up as ``pytest``."""
+    name = Path(argv[0]).name if argv else "pytest"
+    if name in ("__main__.py", "py.test", "pytest.py") or name.startswith("pytest"):
+        name = "pytest"
+    return " ".join([name, *argv[1:]])
 
 
 def _finite(value: Any) -> Any:

@@ -70,6 +70,8 @@ def test_refresh_then_pass_then_regressed(pytester: pytest.Pytester,
     second.assert_outcomes(passed=1)
     data = json.loads(results.read_text())["results"][0]
     assert data["baseline"]["status"] == "compared"
+    hygiene = {c["name"]: c for c in data["hygiene"]["checks"]}  # every result records hygiene
+    assert len(hygiene["host.other_servers"]["value"]["this_session"]) == 1  # its server: ours
     outcomes = {v["metric"]: v["outcome"] for v in data["verdicts"]}
     assert "slo_goodput_tok_s" in outcomes and outcomes["slo_goodput_tok_s"] != "regressed"
 

@@ -314,3 +314,11 @@ def test_source_is_named() -> None:
     with pytest.raises(UsageError) as e:
         expected_config_name({}, dtype=None, device_name="x", source="models/foo/config.json")
     assert str(e.value).startswith("models/foo/config.json:")
+
+
+def test_transformers5_qwen3_moe_config_uses_moe_intermediate_size() -> None:
+    """transformers 5 saves Qwen3-MoE with num_local_experts; N is still moe_intermediate_size."""
+    cfg = {"model_type": "qwen3_moe", "num_local_experts": 16, "moe_intermediate_size": 128,
+           "intermediate_size": 512}  # fmt: skip
+    name = expected_config_name(cfg, dtype=None, device_name="NVIDIA H200")
+    assert name.file_name() == "E=16,N=128,device_name=NVIDIA_H200.json"

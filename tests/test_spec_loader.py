@@ -299,8 +299,16 @@ def test_tolerance_out_of_range() -> None:
     assert err.what == "search.tolerance"
 
 
-def test_probe_requests_and_duration_are_exclusive() -> None:
-    err = error_of(MINIMAL + "search:\n  rate_min: 1\n  probe_requests: 5\n  probe_duration_s: 9\n")
+def test_probe_requests_and_duration_combine() -> None:
+    spec = load_spec_text(
+        MINIMAL + "search:\n  rate_min: 1\n  probe_requests: 5\n  probe_duration_s: 9\n"
+    )
+    assert spec.search is not None
+    assert (spec.search.probe_requests, spec.search.probe_duration_s) == (5, 9.0)
+
+
+def test_probe_duration_must_be_positive() -> None:
+    err = error_of(MINIMAL + "search:\n  rate_min: 1\n  probe_duration_s: 0\n")
     assert err.what == "search.probe_duration_s"
 
 

@@ -183,3 +183,13 @@ def test_negative_warmup_is_a_usage_error() -> None:
 def test_single_request_run_has_no_window() -> None:
     with pytest.raises(UsageError):
         summarize(run_of([rec(0, 0.0, 0.1, [0.01])]), SLO, warmup_s=0, cooldown_s=0)
+
+
+def test_command_line_names_pytest_for_python_m_runs() -> None:
+    from pytest_moeperf.session import command_line
+
+    assert command_line(["/x/lib/pytest/__main__.py", "perf_tests", "--gpu"]) == (
+        "pytest perf_tests --gpu"
+    )
+    assert command_line(["/venv/bin/pytest", "-k", "ab"]) == "pytest -k ab"
+    assert command_line(["moeperf", "compare"]) == "moeperf compare"

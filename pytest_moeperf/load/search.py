@@ -86,7 +86,7 @@ class AbortPolicy:
     Records sent before ``warmup_s`` are ignored, as the summary ignores them.
     """
 
-    planned_requests: int | None = None
+    planned_requests: int | Callable[[float], int] | None = None  # a count, or one per rate
     warmup_s: float = 0.0
     min_trend_records: int = 16
     rise_factor: float = 1.5
@@ -95,8 +95,10 @@ class AbortPolicy:
         ttft_lim, tpot_lim, e2el_lim = slo.ttft_p99_ms / 1e3, slo.tpot_p99_ms / 1e3, None
         if slo.e2el_p99_ms is not None:
             e2el_lim = slo.e2el_p99_ms / 1e3
-        limit = certain_miss_count(self.planned_requests) if self.planned_requests else None
-        t_end = self.planned_requests / rate if self.planned_requests and rate > 0 else None
+        planned = self.planned_requests
+        n = planned(rate) if callable(planned) else planned
+        limit = certain_miss_count(n) if n else None
+        t_end = n / rate if n and rate > 0 else None
 
         def check(records: Sequence[RequestRecord], now_s: float) -> str | None:
             live = [r for r in records if r.send_s >= self.warmup_s]
@@ -117,7 +119,7 @@ class AbortPolicy:
                     if m >= limit:
                         return (
                             f"{m} requests already missed the {name} SLO; p99 cannot be met "
-                            f"with {self.planned_requests} planned requests"
+                            f"with {n} planned requests"
                         )
             return self._trend(live, ttft_lim, t_end if t_end is not None else now_s)
 

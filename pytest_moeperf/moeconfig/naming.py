@@ -32,7 +32,8 @@ NAME_FORMAT = "E=<experts>,N=<intermediate>,device_name=<GPU>[,dtype=<q>][,block
 _EXPERT_KEYS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("n_routed_experts", ("moe_intermediate_size",)),  # DeepSeek-V2/V3, Kimi
     ("num_experts", ("moe_intermediate_size", "intermediate_size")),  # Qwen2/3-MoE, OLMoE
-    ("num_local_experts", ("intermediate_size",)),  # Mixtral, Phi-MoE, gpt-oss, Llama 4
+    # transformers 5 saves Qwen3-MoE with num_local_experts (and moe_intermediate_size)
+    ("num_local_experts", ("moe_intermediate_size", "intermediate_size")),  # Mixtral, gpt-oss
 )
 
 

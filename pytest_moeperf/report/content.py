@@ -17,6 +17,7 @@ NOT_MEASURED = "not measured"
 CHART_METRICS = ("slo_goodput_tok_s", "tok_per_j", "mbu", "power_w")
 METRIC_TITLES = {
     "slo_goodput_tok_s": "SLO goodput",
+    "output_tok_s": "Output throughput at fixed concurrency",
     "slo_rate_rps": "SLO rate",
     "tok_per_j": "Energy efficiency",
     "mbu": "Memory bandwidth utilisation (MBU)",
@@ -24,6 +25,15 @@ METRIC_TITLES = {
     "ttft_p99_ms": "TTFT p99",
     "tpot_p99_ms": "TPOT p99",
 }
+
+
+def chart_metrics(results: Sequence[Result]) -> tuple[str, ...]:
+    """Bar-chart metrics; fixed-concurrency results (A/B gates) chart output tok/s instead of
+    the SLO goodput they never measure."""
+    fixed = results and all(
+        "slo_goodput_tok_s" not in r.metrics and "output_tok_s" in r.metrics for r in results
+    )
+    return tuple("output_tok_s" if fixed and m == "slo_goodput_tok_s" else m for m in CHART_METRICS)
 
 
 @dataclass(frozen=True)
@@ -99,8 +109,12 @@ def _fleet_sentence(r: Result, label: str) -> str | None:
     ref = str(f.get("reference") or "the reference")
     if ref == r.config:
         return None
+    what = "SLO goodput"
+    if f.get("goodput_metric") == "output_tok_s":
+        c = _concurrency(r)
+        what = "output throughput" + (f" at concurrency {c}" if c else " at a fixed concurrency")
     text = (
-        f"Serving the same SLO goodput as {f['n_reference']} cards of {ref} takes "
+        f"Serving the same {what} as {f['n_reference']} cards of {ref} takes "
         f"{f['cards']} cards with {label}"
     )
     rel = f.get("energy_per_token_rel", f.get("energy_per_token_relative"))
@@ -111,6 +125,14 @@ def _fleet_sentence(r: Result, label: str) -> str | None:
         m = r.metric("tok_per_j")
         text += "; energy per token " + missing_text(m.note if m is not None else None)
     return text + "."
+
+
+def _concurrency(r: Result) -> int | None:
+    for run in r.search_runs:
+        fixed = run.get("fixed")
+        if isinstance(fixed, Mapping) and isinstance(t := fixed.get("target"), (int, float)):
+            return int(t)
+    return None
 
 
 def _verdict_phrase(r: Result) -> str:

@@ -21,6 +21,7 @@ class Document:
     numbers: Table
     verdicts: Table
     setup: Table
+    hygiene: Table
     not_covered: tuple[str, ...]
     reproduce: tuple[str, ...]
 
@@ -51,12 +52,12 @@ def build_document(
         bars = tuple(
             charts.bar_chart(
                 members,
-                metric,
+                content.chart_metrics(members)[k],
                 rated,
                 test=family.rsplit("::", 1)[-1] if named else "",
                 key=f"-{i}" if named else "",
             )
-            for metric in content.CHART_METRICS
+            for k in range(len(content.CHART_METRICS))
             for i, (family, members) in enumerate(families.items())
         )
         curves = tuple(charts.curve_charts(results))
@@ -69,6 +70,7 @@ def build_document(
         numbers=content.numbers_table(results),
         verdicts=content.verdict_table(results),
         setup=provenance.setup_table(results) if results else Table(("",), ()),
+        hygiene=provenance.hygiene_table(results),
         not_covered=tuple(provenance.not_covered(runs)),
         reproduce=tuple(provenance.reproduce(runs, sources, title, out)),
     )

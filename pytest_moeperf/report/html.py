@@ -34,8 +34,8 @@ th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}
 td.bad{color:#a00;font-weight:600}td.good{color:#276b27;font-weight:600}
 pre{background:#f6f6f6;padding:.6rem;overflow-x:auto;font-size:.82rem}
 """
-_BAD = {"failed", "regressed", "no", "partial", "error"}
-_GOOD = {"passed", "improved", "yes"}
+_BAD = {"failed", "regressed", "no", "partial", "error", "warn", "noisy:"}
+_GOOD = {"passed", "improved", "yes", "ok", "quiet:"}
 
 
 def esc(text: object) -> str:
@@ -101,6 +101,9 @@ def render_html(doc: Document) -> str:
         table(doc.verdicts, "verdict-table"),
         '<h2 id="setup">Setup</h2>',
         table(doc.setup, "setup-table"),
+        '<p class="meta">Machine hygiene, read once per server before load (nothing was '
+        "changed on the machine):</p>",
+        table(doc.hygiene, "hygiene-table"),
         '<h2 id="not-covered">Not covered</h2>',
         "<ul>" + "".join(f"<li>{esc(x)}</li>" for x in doc.not_covered) + "</ul>",
         '<h2 id="reproduce">Reproduce</h2>',

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_moeperf.errors import UsageError
+from pytest_moeperf.hygiene.model import HygieneReport
 
 SCHEMA_VERSION = 1
 _FIX = "pass a results file written by the moeperf plugin (--moeperf-results), schema_version 1"
@@ -74,6 +75,7 @@ class Result:
     fleet: Mapping[str, Any] | None
     search_runs: tuple[Mapping[str, Any], ...]
     sweep: tuple[Mapping[str, Any], ...]
+    hygiene: HygieneReport | None = None  # None: recorded before hygiene checks existed
 
     @property
     def family(self) -> str:
@@ -238,6 +240,9 @@ def _result(r: _Reader, d: Mapping[str, Any], where: str, run_index: int) -> Res
         fleet=r.mapping(d, "fleet", where),
         search_runs=tuple(r.items(d, "search_runs", where)),
         sweep=tuple(r.items(d, "sweep", where)),
+        hygiene=None
+        if d.get("hygiene") is None
+        else HygieneReport.from_dict(d["hygiene"], r.source, f"{where}.hygiene"),
     )
 
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_moeperf.hygiene.model import NOISY_PREFIX
 from pytest_moeperf.report.content import Table, missing_text, slo_text
 from pytest_moeperf.report.model import Result, Run, bar_labels
 
@@ -68,6 +69,7 @@ def setup_table(results: Sequence[Result]) -> Table:
             "host / commit",
             lambda r: f"{r.setup.get('host') or 'n/a'} / {r.setup.get('commit') or 'n/a'}",
         ),
+        ("machine hygiene", _hygiene_summary),
     ]
     cols = [[str(v) if (v := get(r)) is not None else "n/a" for _, get in fields] for r in results]
     if all(c == cols[0] for c in cols):
@@ -75,6 +77,41 @@ def setup_table(results: Sequence[Result]) -> Table:
     labels = tuple(bar_labels(results))
     rows = tuple((f[0], *(c[i] for c in cols)) for i, f in enumerate(fields))
     return Table(("", *labels), rows)
+
+
+def _hygiene_summary(r: Result) -> str:
+    h = r.hygiene
+    if h is None:
+        return "not recorded (results from before hygiene checks)"
+    n = h.counts()
+    if h.noisy:
+        return f"noisy: {len(h.noisy)} warning(s) that spoil the numbers (see below)"
+    return f"quiet: {n['ok']} ok, {n['warn']} warn, {n['unknown']} unknown"
+
+
+HYGIENE_HEADERS = ("config", "check", "status", "found before load")
+
+
+def hygiene_table(results: Sequence[Result]) -> Table:
+    """Every hygiene check per config; configs whose checks read the same merge into one."""
+    per: list[list[tuple[str, str, str]]] = []
+    for r in results:
+        h = r.hygiene
+        if h is None:
+            per.append([("(none)", "n/a", "not recorded: these results predate hygiene checks")])
+            continue
+        rows = [("scope", "note", note) for note in h.notes]
+        rows += [(c.name, c.status + (" (spoils the numbers)" if c.noisy else ""), c.detail)
+                 for c in h.checks]  # fmt: skip
+        per.append(rows)
+    if not per:
+        return Table(HYGIENE_HEADERS, ())
+    if all(p == per[0] for p in per):
+        return Table(HYGIENE_HEADERS, tuple(("all configs", *row) for row in per[0]))
+    labels = bar_labels(results)
+    return Table(HYGIENE_HEADERS,
+                 tuple((label, *row) for label, p in zip(labels, per, strict=True)
+                       for row in p))  # fmt: skip
 
 
 def _opt(v: object, unit: str) -> str | None:
@@ -110,6 +147,8 @@ def not_covered(runs: Sequence[Run]) -> list[str]:
 
     for r in results:
         label, src = labels[id(r)], r.setup.get("power_source")
+        if r.hygiene is not None and r.hygiene.noisy:
+            add(f"{label} was measured on a noisy machine: " + "; ".join(r.hygiene.noisy) + ".")
         if src and src != "not_measured":
             add(
                 f"Power and tok/J are GPU board power from NVML ({src}) only, not the whole "
@@ -159,7 +198,8 @@ def not_covered(runs: Sequence[Run]) -> list[str]:
         add(f"Only {p}: other parallelism layouts are not covered.")
     for run in runs:
         for w in run.warnings:
-            add(f"Warning in {run.source}: {w}")
+            if NOISY_PREFIX not in w:  # said above, per config, from the result's hygiene
+                add(f"Warning in {run.source}: {w}")
     return out
 
 

@@ -84,15 +84,20 @@ class VllmServer:
                     raise
         raise AssertionError("unreachable")
 
-    def _launch_and_wait(self, port: int) -> None:
+    def launch_command(self, port: int) -> list[str]:
+        """The exact command line the server is started with on ``port``."""
         cfg = self.config
-        self.port = port
-        self.command = [
+        command = [
             cfg.python, "-m", "vllm.entrypoints.openai.api_server",
             "--model", cfg.model, "--host", cfg.host, "--port", str(port), *cfg.args,
         ]  # fmt: skip
         if cfg.served_model_name and "--served-model-name" not in cfg.args:
-            self.command += ["--served-model-name", cfg.served_model_name]
+            command += ["--served-model-name", cfg.served_model_name]
+        return command
+
+    def launch_env(self) -> dict[str, str]:
+        """The server process's whole environment: this process's, plus the config's."""
+        cfg = self.config
         env = dict(os.environ)
         env.update(cfg.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
@@ -102,6 +107,19 @@ class VllmServer:
             env["VLLM_TUNED_CONFIG_FOLDER"] = str(cfg.tuned_config_folder)
         else:
             env.pop("VLLM_TUNED_CONFIG_FOLDER", None)
+        return env
+
+    @property
+    def gpu_devices(self) -> tuple[str, ...] | None:
+        """CUDA_VISIBLE_DEVICES entries the config gives the server; None: it inherits ours."""
+        visible = self.config.env.get("CUDA_VISIBLE_DEVICES")
+        return None if visible is None else tuple(d for d in visible.split(",") if d)
+
+    def _launch_and_wait(self, port: int) -> None:
+        cfg = self.config
+        self.port = port
+        self.command = self.launch_command(port)
+        env = self.launch_env()
         cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(cfg.log_path, "ab") as log:
             log.write(f"\n# moeperf: {' '.join(self.command)}\n".encode())
@@ -179,7 +197,16 @@ class VllmServer:
 
     @property
     def model_name(self) -> str:
-        return self.config.served_model_name or self.config.model
+        """The name requests must use: --served-model-name (option or spec flag), else the path."""
+        args = self.config.args
+        if self.config.served_model_name:
+            return self.config.served_model_name
+        for i, a in enumerate(args):
+            if a == "--served-model-name" and i + 1 < len(args):
+                return args[i + 1]
+            if a.startswith("--served-model-name="):
+                return a.split("=", 1)[1]
+        return self.config.model
 
     @property
     def pgid(self) -> int | None:

@@ -22,6 +22,7 @@ from pytest_moeperf.spec.model import (
     DEFAULT_COOLDOWN_FRACTION,
     DEFAULT_WARMUP_FRACTION,
     DERIVED_FLAGS,
+    EXECUTOR_BACKENDS,
     ArrivalSpec,
     EngineArgValue,
     ModelSpec,
@@ -44,7 +45,9 @@ TOP_FIELDS = (
     "window", "runs",
 )  # fmt: skip
 MODEL_FIELDS = ("path", "served_name", "dtype", "max_model_len", "load_format", "tokenizer")
-PARALLEL_FIELDS = ("tensor", "data", "pipeline", "expert")
+PARALLEL_FIELDS = (
+    "tensor", "data", "pipeline", "expert", "distributed_executor_backend", "ray_address",
+)  # fmt: skip
 WORKLOAD_FIELDS = (
     "trace", "num_requests", "seed", "input_tokens", "output_tokens", "path", "scale",
     "max_input_tokens", "max_output_tokens",
@@ -160,6 +163,8 @@ class _Ctx:
         self, m: dict[str, Any], path: FieldPath, key: str, options: Sequence[str], default: Any
     ) -> Any:
         value = self.str_(m, path, key, default)
+        if value is None and default is None:
+            return None
         if value not in options:
             close = difflib.get_close_matches(str(value), options, n=1, cutoff=0.5)
             hint = f"did you mean `{close[0]}`? " if close else ""
@@ -270,11 +275,18 @@ def _parallelism(ctx: _Ctx, m: dict[str, Any]) -> ParallelismSpec:
     expert = m.get("expert", False)
     if not isinstance(expert, bool):
         ctx.fail((*p, "expert"), expert, "must be true or false", "write `expert: true`")
+    backend = ctx.choice(m, p, "distributed_executor_backend", EXECUTOR_BACKENDS, None)
+    address = ctx.str_(m, p, "ray_address", None)
+    if address is not None and backend != "ray":
+        ctx.fail((*p, "ray_address"), address, "a Ray address needs vLLM's Ray executor",
+                 "add `distributed_executor_backend: ray` to parallelism")  # fmt: skip
     return ParallelismSpec(
         tensor=ctx.int_(m, p, "tensor", 1),
         data=ctx.int_(m, p, "data", 1),
         pipeline=ctx.int_(m, p, "pipeline", 1),
         expert=expert,
+        distributed_executor_backend=backend,
+        ray_address=address,
     )
 
 
@@ -401,11 +413,6 @@ def _search(ctx: _Ctx, m: dict[str, Any]) -> SearchSpec:
     if rate_max is not None and rate_max <= rate_min:
         fix = f"use rate_max > rate_min ({rate_min:g}) or omit it"
         ctx.fail((*p, "rate_max"), rate_max, "must be above rate_min", fix)
-    if "probe_requests" in m and "probe_duration_s" in m:
-        ctx.fail(
-            (*p, "probe_duration_s"), m["probe_duration_s"],
-            "probe_requests and probe_duration_s are exclusive", "keep one of the two",
-        )  # fmt: skip
     return SearchSpec(
         rate_min=rate_min,
         rate_max=rate_max,

@@ -28,6 +28,7 @@ DERIVED_FLAGS: dict[str, str] = {
     "data-parallel-size": "parallelism.data",
     "pipeline-parallel-size": "parallelism.pipeline",
     "enable-expert-parallel": "parallelism.expert",
+    "distributed-executor-backend": "parallelism.distributed_executor_backend",
     "dtype": "model.dtype",
     "max-model-len": "model.max_model_len",
     "load-format": "model.load_format",
@@ -52,12 +53,47 @@ class ModelSpec:
     tokenizer: str | None = None
 
 
+#: ``parallelism.distributed_executor_backend`` values: vLLM's own executors ("mp" on one node,
+#: "ray" for one node or a Ray cluster). The plugin never distributes anything itself.
+EXECUTOR_BACKENDS = ("mp", "ray")
+
+
 @dataclass(frozen=True)
 class ParallelismSpec:
+    """vLLM's own parallel settings; the server uses ``gpus`` = tensor x pipeline x data GPUs.
+
+    ``ray_address`` says where the Ray cluster is (``RAY_ADDRESS`` of the server); it is where,
+    not what, so like a path it stays out of the spec hash.
+    """
+
     tensor: int = 1
     data: int = 1
     pipeline: int = 1
     expert: bool = False
+    distributed_executor_backend: str | None = None
+    ray_address: str | None = field(default=None, compare=False)
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one server (vLLM's world size across data parallel ranks)."""
+        return self.tensor * self.pipeline * self.data
+
+    @property
+    def local_gpus(self) -> int:
+        """GPUs to lease on this node: none when a Ray cluster places the workers."""
+        return 0 if self.ray_address else self.gpus
+
+    def server_env(self) -> dict[str, str]:
+        """Environment of the server process: ``RAY_ADDRESS`` for vLLM's ``ray.init()``."""
+        return {"RAY_ADDRESS": self.ray_address} if self.ray_address else {}
+
+    def canonical(self) -> dict[str, Any]:
+        """Hashed content: unset new fields are left out so older specs keep their hash."""
+        d = asdict(self)
+        d.pop("ray_address")
+        if d["distributed_executor_backend"] is None:
+            d.pop("distributed_executor_backend")
+        return d
 
 
 @dataclass(frozen=True)
@@ -149,6 +185,8 @@ class Spec:
                 out[f.name] = None
             elif isinstance(value, int | str):
                 out[f.name] = value
+            elif isinstance(value, ParallelismSpec):
+                out[f.name] = value.canonical()
             else:
                 d = asdict(value)
                 d.pop("resolved_path", None)
@@ -188,6 +226,8 @@ class Spec:
         args += ["--pipeline-parallel-size", str(p.pipeline)]
         if p.expert:
             args.append("--enable-expert-parallel")
+        if p.distributed_executor_backend is not None:
+            args += ["--distributed-executor-backend", p.distributed_executor_backend]
         for key, value in self.engine_args:
             flag = "--" + key
             values = value if isinstance(value, tuple) else (value,)

@@ -1,0 +1,365 @@
+"""The ``moeperf_ab`` fixture's driver: one changed MoE config file -> an interleaved A/B verdict.
+
+Flow for one case: check the test's model would read the file at all, start the base and the
+head server side by side (each with its own ``VLLM_TUNED_CONFIG_FOLDER``, proven from its log),
+measure them in counterbalanced pairs, judge every metric with the baseline statistics
+(``verdict.judge``), optionally sweep concurrency and run an A/A control, then record one result
+per side and a Markdown summary a reviewer can paste into the PR.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_moeperf import options
+from pytest_moeperf.ab.cases import AbCase, AbSide, describe
+from pytest_moeperf.errors import UsageError
+from pytest_moeperf.load.probe import Endpoint, RunMeasurement, ServerDied
+from pytest_moeperf.measure import PerfTest, Plan, _metric_entry, _spec_summary, collect_metrics
+from pytest_moeperf.server.process import VllmServer
+from pytest_moeperf.session import PerfResult
+
+NO_CASE_REASON = (
+    "no A/B requested: pass --moeperf-ab-range BASE...HEAD (a git range) or "
+    "--moeperf-ab-folders BASE,HEAD to gate changed MoE config files"
+)
+NO_CHANGE_REASON = "no MoE config file changed in {origin}"
+MIN_PAIRS = 3  # the verdict needs three runs a side to estimate the spread
+CONTROL = "control"
+_DEVICE_ENV = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+
+
+@dataclass
+class SideState:
+    """One live server of the gate and what it measured."""
+
+    side: AbSide
+    server: VllmServer
+    check: str
+    runs: list[RunMeasurement] = field(default_factory=list)
+    sweep: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def endpoint(self) -> Endpoint:
+        s = self.server
+        return Endpoint(s.base_url, s.model_name, s.alive, s.pgid)
+
+
+@dataclass
+class AbOutcome:
+    """Everything the summary and the report need about one case."""
+
+    case: AbCase
+    plan: Plan
+    pairs: int
+    order: list[tuple[str, int]]
+    sides: dict[str, SideState]
+    verdicts: list[Any]  # verdict.Verdict
+    control_verdicts: list[Any] | None
+    failures: list[str]
+    warnings: list[str]
+    env: Any
+    partial: str | None = None
+    hygiene: dict[str, Any] | None = None
+    control_base: list[RunMeasurement] = field(default_factory=list)  # base runs of the A/A
+
+
+class AbTest(PerfTest):
+    """``moeperf_ab.run()``: the A/B gate of the parametrized changed file."""
+
+    def __init__(
+        self,
+        item: pytest.Item,
+        session: Any,
+        factory: Any,
+        workdir: Path,
+        case: AbCase | None,
+        origin: str | None,
+    ) -> None:
+        super().__init__(item, session, factory, workdir)
+        self.case = case
+        self.origin = origin
+        self._server_env: dict[str, str] = {}  # the spec's server environment (Ray address)
+
+    def run(self) -> PerfResult:  # type: ignore[override]
+        case = self.case
+        if case is None:
+            pytest.skip(
+                NO_CHANGE_REASON.format(origin=self.origin) if self.origin else NO_CASE_REASON
+            )
+        plan = self.plan()
+        if plan.server_url:
+            raise UsageError(
+                "--moeperf-server-url",
+                "A/B gate",
+                plan.server_url,
+                "the gate must start its own servers to set each side's MoE config",
+                "run the A/B tests without --moeperf-server-url",
+            )
+        outcome = self._gate(case, plan)
+        head = self._record(outcome)
+        if outcome.failures:
+            pytest.fail("; ".join(outcome.failures), pytrace=False)
+        return head
+
+    # -- measuring ------------------------------------------------------------------------------
+    def _gate(self, case: AbCase, plan: Plan) -> AbOutcome:
+        from pytest_moeperf.ab.cases import dtype_selector, mismatch, model_config_of
+        from pytest_moeperf.ab.interleave import run_interleaved
+
+        model_dir = self._model_dir(plan.spec)
+        p = plan.spec.parallelism
+        quant = next((str(v) for k, v in plan.spec.engine_args if k == "quantization"), None)
+        why = mismatch(
+            case,
+            model_config_of(model_dir),
+            tp=p.tensor,
+            dp=p.data,
+            ep=p.expert,
+            dtype=dtype_selector(plan.spec.model.dtype, quant),
+        )
+        if why:
+            pytest.skip(why)
+        self._skip_on_other_gpu(case)
+        pairs = self._pairs(plan)
+        args = plan.spec.vllm_args()
+        self.config.hook.pytest_moeperf_server_command(config=self.config, command=args)
+        self._server_env = plan.spec.parallelism.server_env()
+        sides = {"base": self._start_side(case, case.base, model_dir, args)}
+        self._server = sides["base"].server
+        sides["head"] = self._start_side(case, case.head, model_dir, args)
+        env = self._environment(plan, sides["base"].endpoint)
+        driver = self.driver(plan, model_dir, env)
+        out = AbOutcome(case, plan, pairs, [], sides, [], None, [], [], env)
+        out.hygiene = self._hygiene([s.server for s in sides.values()], env)
+        for name, state in sides.items():
+            driver.warm_up(state.endpoint, f"moeperf {case.id}: {name}")
+
+        def measure(side: str, k: int) -> RunMeasurement:
+            run = driver.run(
+                sides[side].endpoint, k, f"moeperf {case.id}: {side} run {k + 1}/{pairs}"
+            )
+            # the base runs of the A/A phase are judged against the control only
+            if side == "base" and CONTROL in sides:
+                out.control_base.append(run)
+            else:
+                sides[side].runs.append(run)
+            out.order.append((side, k))
+            return run
+
+        try:
+            run_interleaved(measure, pairs)
+            levels = _levels(options.value(self.config, "moeperf_sweep"))
+            if levels:
+                self._sweep(driver, sides, levels, case)
+            if options.value(self.config, "moeperf_ab_control"):
+                sides["head"].server.stop()
+                sides[CONTROL] = self._start_side(case, case.control(), model_dir, args)
+                driver.warm_up(sides[CONTROL].endpoint, f"moeperf {case.id}: {CONTROL}")
+                run_interleaved(measure, pairs, ("base", CONTROL))
+        except ServerDied as died:
+            out.partial = str(died)
+            out.failures.append(f"{case.file_name}: {died}")
+            return out
+        self._judge(out)
+        return out
+
+    def _hygiene(self, servers: list[VllmServer], env: Any) -> dict[str, Any]:
+        """Machine checks with both servers up: neither counts as "another server"."""
+        from pytest_moeperf.hygiene import check_before_load
+
+        report, noisy = check_before_load(servers, env.gpu_indices, backend=env.backend)
+        if noisy:
+            self.session.warn(f"{self.item.nodeid}: {noisy}")
+        return report
+
+    def _start_side(
+        self, case: AbCase, side: AbSide, model_dir: Path, args: list[str]
+    ) -> SideState:
+        """Start one side's server; every side after the first shares the first one's GPUs.
+
+        The gate compares configs on the same device, so the servers must not get a lease
+        each (on one GPU the second would never get one): the spec sizes
+        gpu-memory-utilization so that two servers fit.
+        """
+        files = dict(side.files) or None
+        first = self.factory.servers[0].config.env if self.factory.servers else {}
+        shared = {k: first[k] for k in _DEVICE_ENV if k in first}
+        shared.update(self._server_env)
+        server = self.factory(
+            model_dir, args, name=f"{case.id}-{side.label}", moe_config_files=files, env=shared
+        )
+        return SideState(side, server, self.factory.checks[-1].message)
+
+    def _pairs(self, plan: Plan) -> int:
+        got = options.resolve(self.config, "moeperf_ab_pairs")
+        pairs = int(got.value) if got.value is not None else max(MIN_PAIRS, plan.runs)
+        if plan.quick and got.value is None:
+            pairs = MIN_PAIRS
+        return pairs
+
+    def _skip_on_other_gpu(self, case: AbCase) -> None:
+        from pytest_moeperf.ab.cases import device_mismatch
+        from pytest_moeperf.metrics.hardware import visible_gpus
+
+        gpus = visible_gpus()
+        if gpus:
+            why = device_mismatch(case, gpus[0].name, "cuda")
+            if why:
+                pytest.skip(why)
+
+    def _sweep(
+        self, driver: Any, sides: dict[str, SideState], levels: list[int], case: AbCase
+    ) -> None:
+        from pytest_moeperf.ab.interleave import sweep_order
+
+        for c, side in sweep_order(levels):
+            run = driver.run(
+                sides[side].endpoint, 0, f"moeperf {case.id}: {side} sweep", concurrency=c
+            )
+            m = run.metrics
+            sides[side].sweep.append(
+                {
+                    "concurrency": c,
+                    "config": side,
+                    "rate": None,
+                    "output_tok_s": m.get("output_tok_s"),
+                    "ttft_p99_ms": m.get("ttft_p99_ms"),
+                    "tpot_p99_ms": m.get("tpot_p99_ms"),
+                    "tok_per_j": m.get("tok_per_j"),
+                }
+            )
+
+    def _judge(self, out: AbOutcome) -> None:
+        from pytest_moeperf.verdict import judge_all
+
+        base = _measured(out.sides["base"].runs)
+        src = f"A/B {out.case.file_name}"
+        out.verdicts = judge_all(base, _measured(out.sides["head"].runs), source=src)
+        for v in out.verdicts:
+            if v.fails:
+                out.failures.append(
+                    f"{out.case.file_name}: {v.metric} regressed vs base "
+                    f"({describe(out.case.base)}): {v.reason}"
+                )
+            elif v.outcome == "inconclusive" and v.gating:
+                out.warnings.append(
+                    f"{out.case.file_name}: {v.metric} inconclusive: {v.reason}; {v.advice}"
+                )
+        if CONTROL in out.sides:
+            ctrl = _measured(out.sides[CONTROL].runs)
+            base_aa = _measured(out.control_base)
+            out.control_verdicts = judge_all(base_aa, ctrl, source=f"A/A control {src}")
+            noisy = [
+                v
+                for v in out.control_verdicts
+                if v.gating and v.outcome in ("regressed", "improved")
+            ]
+            if noisy:
+                names = ", ".join(
+                    f"{v.metric} {v.outcome} ({v.delta_rel * 100:+.1f} %)" for v in noisy
+                )
+                out.failures.append(
+                    f"{out.case.file_name}: the A/A control (base vs a copy of "
+                    f"base) came out {names}: this machine is too noisy for "
+                    "the gate, so the A/B verdict is not trusted"
+                )
+
+    # -- recording ------------------------------------------------------------------------------
+    def _record(self, out: AbOutcome) -> PerfResult:
+        from pytest_moeperf.ab.summary import fleet_of, markdown_summary
+
+        results: list[PerfResult] = []
+        base_metrics = collect_metrics(out.sides["base"].runs)
+        for name, state in out.sides.items():
+            data = self._side_data(out, name, state)
+            metrics = collect_metrics(state.runs)
+            if name != "base":
+                verdicts = out.verdicts if name == "head" else (out.control_verdicts or [])
+                reference = base_metrics
+                if name == CONTROL:  # judged against the base runs interleaved with it
+                    reference = collect_metrics(out.control_base)
+                    data["ab"]["base_runs"] = [r.to_dict() for r in out.control_base]
+                data["verdicts"] = [v.to_dict() for v in verdicts]
+                data["fleet"] = fleet_of(
+                    reference, metrics, reference="base", gpus=max(1, out.env.gpu_count)
+                )
+                self._verdicts = verdicts
+            else:
+                self._verdicts = []
+            reasons = [f for f in out.failures if _blames(f, name)]
+            outcome = "partial" if out.partial else ("failed" if reasons else "passed")
+            result = PerfResult(
+                self.item.nodeid, outcome, data, table=self._table(data), reasons=list(reasons)
+            )
+            self.session.record(result)
+            results.append(result)
+        for w in out.warnings:
+            self.session.warn(w)
+        self.session.ab_summaries.append(markdown_summary(out, self.session.payload()["command"]))
+        for v in out.verdicts:
+            self.item.user_properties.append((f"moeperf.ab.{v.metric}", v.outcome))
+        return results[1] if len(results) > 1 else results[0]
+
+    def _side_data(self, out: AbOutcome, name: str, state: SideState) -> dict[str, Any]:
+        from pytest_moeperf.moeconfig.folder import config_hash
+
+        runs = state.runs
+        metrics = collect_metrics(runs)
+        data: dict[str, Any] = {
+            "quick": out.plan.quick,
+            "config_label": name,
+            "spec": _spec_summary(out.plan),
+            "moe_config": {
+                "name": name,
+                "check": state.check,
+                "file": out.case.file_name,
+                "source": describe(state.side),
+                "hash": config_hash(state.server.config.tuned_config_folder)
+                if state.server.config.tuned_config_folder
+                else None,
+                "loaded": list(state.server.moe_observation().loaded),
+            },
+            "metrics": {n: _metric_entry(n, v, runs) for n, v in metrics.items()},
+            "search_runs": [r.to_dict() for r in runs],
+            "sweep": state.sweep,
+            "ab": {
+                **out.case.to_dict(),
+                "side": name,
+                "pairs": out.pairs,
+                "order": [f"{s}{k + 1}" for s, k in out.order],
+            },
+            "baseline": {
+                "status": "compared" if name != "base" else "reference",
+                "path": f"A/B base: {describe(out.case.base)}",
+            },
+            "accuracy": None,
+            "hygiene": out.hygiene,
+        }
+        if out.partial:
+            data["partial"] = out.partial
+        data["setup"] = self._setup(out.plan, out.env, data)
+        return data
+
+
+def _blames(failure: str, side: str) -> bool:
+    """Which side's result a gate failure belongs to: the control's noise, else the head."""
+    if "A/A control" in failure:
+        return side == CONTROL
+    return side == "head"
+
+
+def _measured(runs: list[RunMeasurement]) -> dict[str, list[float]]:
+    """Metrics with at least one value (energy on a CPU has none: not judged, not zero)."""
+    return {k: v for k, v in collect_metrics(runs).items() if v}
+
+
+def _levels(raw: object) -> list[int]:
+    """``--moeperf-sweep 1,4,16,64`` -> [1, 4, 16, 64]; checked where the option is parsed."""
+    if not raw:
+        return []
+    return [int(x) for x in str(raw).split(",") if x.strip()]

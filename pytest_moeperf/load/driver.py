@@ -1,0 +1,140 @@
+"""Measure one *run* of a spec against an endpoint: an SLO search, or one fixed-concurrency load.
+
+Shared by the plain perf test (N runs against one server) and the A/B gate (runs interleaved
+over two servers), so both measure, warm-start and print progress the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_moeperf.load.probe import Endpoint, MbuInputs, RunMeasurement
+from pytest_moeperf.metrics.energy import EnergyMeter, NotMeasuredMeter
+from pytest_moeperf.spec.model import Slo, Spec
+
+#: A search run starts just under the previous run's boundary on the same server.
+WARM_START_FACTOR = 0.9
+
+
+@dataclass
+class RunDriver:
+    """Everything a run needs besides the endpoint; ``say`` prints one progress line."""
+
+    spec: Spec
+    slo: Slo
+    meter: EnergyMeter
+    vocab_size: int
+    mbu_inputs: MbuInputs | None
+    probe_requests: int
+    max_probes: int
+    say: Callable[[str], None] = lambda line: None
+    #: (endpoint, run number, probe number, rate) before each probe: the probe-start hook.
+    probe_start: Callable[[Endpoint, int, int, float], None] | None = None
+    _warm: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def fixed_concurrency(self) -> int | None:
+        """The concurrency of a fixed-load spec (``arrival.process: concurrency``), else None."""
+        a = self.spec.arrival
+        return a.concurrency if a.process == "concurrency" else None
+
+    @property
+    def spec_rate_min(self) -> float:
+        s = self.spec
+        return s.search.rate_min if s.search else (s.arrival.rate or 1.0)
+
+    def warm_up(self, endpoint: Endpoint, label: str) -> None:
+        """One unmeasured closed-loop load on a fresh server: the first batches pay for Triton
+        JIT compiles and cold caches (a first run on an H200 came out half as fast as the next)."""
+        from pytest_moeperf.load.probe import measure_fixed
+
+        c = self.fixed_concurrency or 8
+        measure_fixed(endpoint, self.spec, self.slo, index=999, meter=NotMeasuredMeter("warm-up"),
+                      vocab_size=self.vocab_size, concurrency=c, num_requests=2 * c,
+                      mbu_inputs=None)  # fmt: skip
+        self.say(f"{label}: warmed up ({2 * c} requests at concurrency {c}, not measured)")
+
+    def run(
+        self, endpoint: Endpoint, index: int, label: str, *, concurrency: int | None = None
+    ) -> RunMeasurement:
+        """Run ``index`` against ``endpoint``; the same index sends the same requests.
+
+        ``concurrency`` forces a fixed-load run (a sweep level) whatever the spec says.
+        """
+        from pytest_moeperf.load.probe import measure_fixed
+
+        level = concurrency or self.fixed_concurrency
+        if level is not None:
+            # the spec's level gets the spec's request count; a sweep level gets four waves
+            n = max(self.probe_requests, 2 * level) if concurrency is None else max(8, 4 * level)
+            run = measure_fixed(
+                endpoint,
+                self.spec,
+                self.slo,
+                index=index,
+                meter=self.meter,
+                vocab_size=self.vocab_size,
+                concurrency=level,
+                num_requests=n,
+                mbu_inputs=self.mbu_inputs,
+            )
+            s = run.fixed or {}
+            self.say(
+                f"{label}: concurrency {level}: {run.metrics['output_tok_s']:.4g} tok/s "
+                f"(ttft p99 {_ms(s, 'ttft')}, tpot p99 {_ms(s, 'tpot')})"
+            )
+            return run
+        start = self._warm.get(endpoint.base_url, self.spec_rate_min)
+        run = self._search(endpoint, index, label, start)
+        assert run.search is not None
+        if run.search.boundary_rate is None and start > self.spec_rate_min:
+            # the warm start missed: search from the spec's own lowest rate rather than report
+            # a run without a boundary
+            run = self._search(endpoint, index, label, self.spec_rate_min)
+        assert run.search is not None
+        if run.search.boundary_rate is not None:
+            self._warm[endpoint.base_url] = run.search.boundary_rate * WARM_START_FACTOR
+        return run
+
+    def _search(
+        self, endpoint: Endpoint, index: int, label: str, rate_min: float
+    ) -> RunMeasurement:
+        from pytest_moeperf.load.probe import measure_run
+        from pytest_moeperf.metrics.summary import failed_text
+
+        def progress(k: int, rate: float, res: Any) -> None:
+            s = res.summary
+            self.say(
+                f"{label} probe {k + 1} rate {rate:.3g} req/s: "
+                f"{'met' if res.met else 'missed'} (ttft p99 {_ms(s, 'ttft')}, "
+                f"tpot p99 {_ms(s, 'tpot')}, attainment "
+                f"{100 * s['slo_attainment']:.0f} %{failed_text(s)})"
+            )
+
+        def started(k: int, rate: float) -> None:
+            if self.probe_start is not None:
+                self.probe_start(endpoint, index + 1, k, rate)
+
+        return measure_run(
+            endpoint,
+            self.spec,
+            self.slo,
+            index=index,
+            meter=self.meter,
+            vocab_size=self.vocab_size,
+            rate_min=rate_min,
+            probe_requests=self.probe_requests,
+            max_probes=self.max_probes,
+            mbu_inputs=self.mbu_inputs,
+            on_probe=progress,
+            on_probe_start=started,
+        )
+
+
+def _ms(summary: dict[str, Any], key: str) -> str:
+    v = summary.get(key, {}).get("p99_ms")
+    if v is None:
+        return "n/a"
+    return f"{v:.1f} ms" if v < 100 else f"{v:.0f} ms"
