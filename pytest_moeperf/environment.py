@@ -80,9 +80,24 @@ def collect(*, engine_version: str | None, backend_hint: str, gpus_needed: int,
         vllm_version=version,
         host=socket.gethostname(),
         commit=git_commit(cwd),
-        cpu=platform.processor() or platform.machine(),
+        cpu=cpu_model(),
         gpus=tuple(g.to_dict() for g in used),
     )
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name ("AMD EPYC 9554 64-Core Processor"), what a CPU baseline is for."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            if line.lower().startswith("model name") and ":" in line:
+                return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def usable_cpus() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _installed_vllm_version() -> str | None:

@@ -237,6 +237,7 @@ class PerfTest:
                  env: Any, out: list[RunMeasurement]) -> None:  # fmt: skip
         """Appends run by run, so a server death keeps the runs that finished."""
         driver = self.driver(plan, model_dir, env)
+        driver.warm_up(endpoint, f"moeperf {self.item.name}")
         label = f"moeperf {self.item.name}: run {{}}/{plan.runs}"
         for i in range(plan.runs):
             out.append(driver.run(endpoint, i, label.format(i + 1)))
@@ -294,6 +295,7 @@ class PerfTest:
                   partial: str | None) -> None:  # fmt: skip
         from pytest_moeperf import gates
         from pytest_moeperf.baseline import BaselineKey, BaselineStore
+        from pytest_moeperf.environment import usable_cpus
         from pytest_moeperf.moeconfig.folder import config_hash
         from pytest_moeperf.server.embedded import model_fingerprint
 
@@ -307,8 +309,9 @@ class PerfTest:
         p = plan.spec.parallelism
         key = BaselineKey(
             backend=env.backend,
-            gpu_name=env.accelerator,
-            gpu_count=env.gpu_count,
+            # on the CPU backend the "accelerator" is the CPU model and its usable cores
+            gpu_name=env.cpu if env.backend == "cpu" else env.accelerator,
+            gpu_count=usable_cpus() if env.backend == "cpu" else env.gpu_count,
             driver=env.driver,
             cuda=env.cuda,
             vllm_version=env.vllm_version,

@@ -52,6 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(_XdistRelay(config.stash[SESSION_KEY]), "moeperf-relay")
     _install_signal_cleanup()
+    if options.value(config, "moeperf_ab_range") or options.value(config, "moeperf_ab_folders"):
+        _ab_cases(config)  # a bad range or config file is a usage error before collection
 
 
 class _XdistRelay:

@@ -34,7 +34,8 @@ model: {path: embedded, dtype: bfloat16, max_model_len: 1024}
 workload: {trace: fixed, num_requests: 20, seed: 0, input_tokens: 8, output_tokens: 8}
 arrival: {process: poisson}
 slo: {ttft_p99_ms: 2000, tpot_p99_ms: 200}
-search: {rate_min: 60, rate_max: 120, tolerance: 0.2, max_probes: 2, probe_requests: 20}
+search: {rate_min: 60, rate_max: 120, tolerance: 0.2, max_probes: 2, probe_requests: 20,
+         probe_duration_s: 0.3}
 runs: 1
 """
 

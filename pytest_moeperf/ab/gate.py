@@ -111,6 +111,9 @@ class AbTest(PerfTest):
         from pytest_moeperf.ab.cases import dtype_selector, mismatch, model_config_of
         from pytest_moeperf.ab.interleave import run_interleaved
 
+        pairs = self._pairs(plan)  # options are resolved (and refused) before any server starts
+        levels = _levels(options.value(self.config, "moeperf_sweep"))
+        control = bool(options.value(self.config, "moeperf_ab_control"))
         model_dir = self._model_dir(plan.spec)
         p = plan.spec.parallelism
         quant = next((str(v) for k, v in plan.spec.engine_args if k == "quantization"), None)
@@ -125,7 +128,6 @@ class AbTest(PerfTest):
         if why:
             pytest.skip(why)
         self._skip_on_other_gpu(case)
-        pairs = self._pairs(plan)
         args = plan.spec.vllm_args()
         self.config.hook.pytest_moeperf_server_command(config=self.config, command=args)
         self._server_env = plan.spec.parallelism.server_env()
@@ -153,10 +155,9 @@ class AbTest(PerfTest):
 
         try:
             run_interleaved(measure, pairs)
-            levels = _levels(options.value(self.config, "moeperf_sweep"))
             if levels:
                 self._sweep(driver, sides, levels, case)
-            if options.value(self.config, "moeperf_ab_control"):
+            if control:
                 sides["head"].server.stop()
                 sides[CONTROL] = self._start_side(case, case.control(), model_dir, args)
                 driver.warm_up(sides[CONTROL].endpoint, f"moeperf {case.id}: {CONTROL}")
