@@ -119,7 +119,10 @@ def test_server_killed_mid_probe_is_partial_and_never_a_baseline(
     first, died = res["partial_probes"]
     assert first["rate"] == float(seen[0][2]) and first["summary"]["n_requests"] == 16
     assert died["rate"] == rate and died["aborted"] and died["partial"]
-    assert died["planned_requests"] == 16 and died["recorded_requests"] >= 1
+    assert (
+        died["planned_requests"] >= 16
+        and 1 <= died["recorded_requests"] <= died["planned_requests"]
+    )
     assert res["baseline"]["status"] == "not-written"
     _wait_gone(pgid, 10)
 
