@@ -6,7 +6,8 @@ JSON, but produces tokens from pre-encoded bytes. Like a real engine it decodes 
 step gives every active stream one token, then waits ``delay_s`` (0: just yields to the loop).
 Streams whose socket buffer is full skip a step, as uvicorn honours back-pressure.
 
-Faults for tests: an HTTP error status, a connection cut after k tokens, a stall after k tokens,
+Faults for tests: an HTTP error status, a connection cut after k tokens, a stall after k tokens
+(for every request, or for chosen ones),
 several tokens per chunk, and closing idle keep-alive connections. ``/stats`` reports what it saw.
 
 Run standalone: ``python benchmarks/sse_server.py --port 0 [--delay-ms 10] [--stamp]``; it
@@ -58,6 +59,9 @@ class ServerConfig:
     tokens_per_chunk: int = 1  # >1: fewer content chunks than tokens, as with stream intervals
     stamp: bool = False  # record perf_counter() of every token write, for overhead measurement
     idle_close_s: float | None = None  # close keep-alive connections idle this long
+    # Faults for single requests, keyed by the first prompt id: "http_500" (answered with a
+    # 500), "cut" (connection closed after 2 tokens), "stall" (silent after 2 tokens).
+    faults: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,12 +75,13 @@ class Stats:
 
 
 class _Stream:
-    __slots__ = ("conn", "key", "last", "left", "mid", "sent", "stamps", "usage")
+    __slots__ = ("conn", "fault", "key", "last", "left", "mid", "sent", "stamps", "usage")
 
     def __init__(self, conn: _Conn, key: int, n_tokens: int, n_prompt: int, model: str) -> None:
         self.conn = conn
         self.key = key
         self.sent = 0
+        self.fault = conn.server.config.faults.get(key)
         self.stamps: list[float] | None = None
         rid = f"cmpl-{key:032x}"
         created = int(time.time())
@@ -139,10 +144,12 @@ class SSEServer:
                 if conn.closed:
                     self.stats.active -= 1
                     continue
-                if conn.paused or (cfg.stall_after is not None and st.sent >= cfg.stall_after):
+                stall_after = 2 if st.fault == "stall" else cfg.stall_after
+                cut_after = 2 if st.fault == "cut" else cfg.cut_after
+                if conn.paused or (stall_after is not None and st.sent >= stall_after):
                     keep.append(st)
                     continue
-                if cfg.cut_after is not None and st.sent >= cfg.cut_after:
+                if cut_after is not None and st.sent >= cut_after:
                     conn.transport.close()
                     self.stats.active -= 1
                     continue
@@ -291,11 +298,12 @@ class _Conn(asyncio.Protocol):
         srv.stats.requests += 1
         srv.stats.arrivals[key] = now
         cfg = srv.config
-        if cfg.fail_status is not None:
+        status = 500 if cfg.faults.get(key) == "http_500" else cfg.fail_status
+        if status is not None:
             info: dict[str, Any] = {"message": "injected failure", "type": "InternalServerError"}
-            info["code"] = cfg.fail_status
+            info["code"] = status
             err = {"error": info}
-            return self._send(f"{cfg.fail_status} Injected", json.dumps(err).encode())
+            return self._send(f"{status} Injected", json.dumps(err).encode())
         n_prompt = len(prompt) if isinstance(prompt, list) else 1
         st = _Stream(self, key, int(req.get("max_tokens") or 16), n_prompt, str(req.get("model")))
         if cfg.stamp:

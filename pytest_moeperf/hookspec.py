@@ -35,3 +35,19 @@ def pytest_moeperf_server_command(config: pytest.Config, command: list[str]) -> 
 
 def pytest_moeperf_result(config: pytest.Config, nodeid: str, result: dict[str, Any]) -> None:
     """Called once per perf test with its result record (as written to the results JSON)."""
+
+
+def pytest_moeperf_probe_start(
+    config: pytest.Config,
+    nodeid: str,
+    run_number: int,
+    probe_number: int,
+    rate: float,
+    server_pid: int | None,
+) -> None:
+    """Called just before each load probe sends its first request.
+
+    ``run_number`` and ``probe_number`` count from 1, as in the progress lines and in "server
+    died during probe N". ``server_pid`` leads the vLLM server's own process group (None for an
+    external server): a profiler can attach to it, and the project's fault tests kill it.
+    """

@@ -7,6 +7,7 @@ the marker, the test location, the bad value and the fix.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 from collections.abc import Callable, Mapping
@@ -113,6 +114,13 @@ def _bind(item: pytest.Item, name: str) -> tuple[inspect.BoundArguments, str] | 
     source = where(item, name)
     fn = MARKERS[name][0]
     sig = inspect.signature(fn, eval_str=True)
+    unknown = [k for k in mark.kwargs if k not in sig.parameters]
+    if unknown:  # before bind(), which would first report a required argument as missing
+        close = difflib.get_close_matches(unknown[0], list(sig.parameters), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UsageError(source, f"keyword {unknown[0]}", mark.kwargs[unknown[0]],
+                         f"is not an argument of @pytest.mark.{name}",
+                         f"use @pytest.mark.{name}{signature_text(name)}{hint}")  # fmt: skip
     try:
         bound = sig.bind(*mark.args, **mark.kwargs)
     except TypeError as exc:

@@ -106,13 +106,15 @@ class PerfTest:
         data["spec"] = _spec_summary(plan)
         data["moe_config"] = {"name": plan.moe.name, "check": check,
                               "loaded": list(self._loaded())}  # fmt: skip
-        runs: list[RunMeasurement] = []
+        runs: list[RunMeasurement] = []  # filled run by run: a death keeps the finished ones
         partial: str | None = None
         try:
-            runs = self._measure(plan, endpoint, model_dir, env)
+            self._measure(plan, endpoint, model_dir, env, runs)
         except ServerDied as died:
-            partial = str(died)
-            reasons.append(partial)
+            server = getattr(self, "_server", None)
+            partial = f"{died} (run {len(runs) + 1} of {plan.runs})"
+            reasons.append(partial + (server.death_note() if server is not None else ""))
+            data["partial"] = True
             data["partial_probes"] = died.partial
         metrics = collect_metrics(runs)
         data["metrics"] = {n: _metric_entry(n, v, runs) for n, v in metrics.items()}
@@ -147,8 +149,8 @@ class PerfTest:
                               moe_config_files=plan.moe.files,
                               env=plan.spec.parallelism.server_env())  # fmt: skip
         self._server = server
-        return (Endpoint(server.base_url, server.model_name, server.alive), model_dir,
-                self.factory.checks[-1].message)  # fmt: skip
+        endpoint = Endpoint(server.base_url, server.model_name, server.alive, server.pgid)
+        return endpoint, model_dir, self.factory.checks[-1].message
 
     def _loaded(self) -> tuple[str, ...]:
         server = getattr(self, "_server", None)
@@ -213,7 +215,14 @@ class PerfTest:
             meter = make_default_meter(list(env.gpu_indices))
         return RunDriver(plan.spec, plan.slo, meter, _vocab_size(model_dir),
                          self._mbu_inputs(plan, model_dir, env), plan.probe_requests,
-                         plan.max_probes, say=self.say)  # fmt: skip
+                         plan.max_probes, say=self.say,
+                         probe_start=self._probe_start)  # fmt: skip
+
+    def _probe_start(self, endpoint: Endpoint, run_number: int, probe_number: int,
+                     rate: float) -> None:  # fmt: skip
+        self.config.hook.pytest_moeperf_probe_start(
+            config=self.config, nodeid=self.item.nodeid, run_number=run_number,
+            probe_number=probe_number, rate=rate, server_pid=endpoint.server_pid)  # fmt: skip
 
     def say(self, line: str) -> None:
         """One progress line on the terminal, through output capture (-s not needed)."""
@@ -225,11 +234,13 @@ class PerfTest:
             tr.write_line(line)
 
     def _measure(self, plan: Plan, endpoint: Endpoint, model_dir: Path | None,
-                 env: Any) -> list[RunMeasurement]:  # fmt: skip
+                 env: Any, out: list[RunMeasurement]) -> None:  # fmt: skip
+        """Appends run by run, so a server death keeps the runs that finished."""
         driver = self.driver(plan, model_dir, env)
         driver.warm_up(endpoint, f"moeperf {self.item.name}")
         label = f"moeperf {self.item.name}: run {{}}/{plan.runs}"
-        return [driver.run(endpoint, i, label.format(i + 1)) for i in range(plan.runs)]
+        for i in range(plan.runs):
+            out.append(driver.run(endpoint, i, label.format(i + 1)))
 
     def _mbu_inputs(self, plan: Plan, model_dir: Path | None, env: Any) -> MbuInputs | None:
         from pytest_moeperf.metrics.hardware import rated_bandwidth

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_moeperf import markers, options
-from pytest_moeperf.errors import UsageError
+from pytest_moeperf.errors import ServerError, UsageError
 from pytest_moeperf.session import MoePerfSession  # light: json, time, options
 
 if TYPE_CHECKING:
@@ -70,8 +70,13 @@ class _XdistRelay:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
-    """On an xdist worker: ship this test's results with its report (pytest serialises it)."""
+    """A UsageError (a bad path found late) or a ServerError raised inside a test is shown as
+    its own message: one line, or the server's command and log tail, without plugin internals.
+    On an xdist worker: ship this test's results with its report (pytest serialises it)."""
     report = yield
+    exc = call.excinfo
+    if exc is not None and report.failed and isinstance(exc.value, UsageError | ServerError):
+        report.longrepr = str(exc.value)
     session = item.config.stash.get(SESSION_KEY, None)
     if session is not None and session.is_xdist_worker:
         payload = session.take_for_controller()
@@ -111,15 +116,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Validate every moeperf marker before the test runs: a misuse is one clear line."""
+    """Check markers, spec, options and baselines before the test runs: one clear line each."""
+    from pytest_moeperf import preflight
+
     message = None
     try:
-        markers.slo_gate(item)
-        markers.accuracy_gate(item)
-        markers.moe_config_choice(item)
-        markers.exclusive(item)
-        if item.get_closest_marker("moeperf_spec") is not None:
-            markers.spec_choice(item, _specs_dir(item.config))
+        preflight.check_item(item)
     except UsageError as exc:
         message = str(exc)
     if message is not None:
@@ -153,10 +155,6 @@ def _ab_cases(config: pytest.Config) -> tuple[list[AbCase], str | None]:
                   else f"folders {folders.value}" if folders.value else None)  # fmt: skip
         config.stash[AB_CASES_KEY] = (cases, origin)
     return config.stash[AB_CASES_KEY]
-
-
-def _specs_dir(config: pytest.Config) -> Path:
-    return Path(config.rootpath) / "perf_tests" / "specs"
 
 
 @pytest.fixture(scope="session")

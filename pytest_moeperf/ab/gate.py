@@ -45,7 +45,8 @@ class SideState:
 
     @property
     def endpoint(self) -> Endpoint:
-        return Endpoint(self.server.base_url, self.server.model_name, self.server.alive)
+        s = self.server
+        return Endpoint(s.base_url, s.model_name, s.alive, s.pgid)
 
 
 @dataclass

@@ -237,7 +237,20 @@ def read_baseline_file(path: Path) -> Baseline:
         if not text.strip():
             problem = "is empty: the file was truncated"
         raise UsageError(source, "JSON", where, problem, _RERECORD) from e
-    return Baseline.from_dict(data, source=source)
+    try:
+        return Baseline.from_dict(data, source=source)
+    except UsageError as e:
+        raise _at_line(e, text) from None
+
+
+def _at_line(err: UsageError, text: str) -> UsageError:
+    """The same error with ``:LINE`` of the field it names (``metrics.x`` -> ``"x":``)."""
+    from pytest_moeperf.moeconfig.validate import line_of_key
+
+    line = line_of_key(text, err.what.split(".")[-1])
+    if line is None:
+        return err
+    return UsageError(f"{err.source}:{line}", err.what, err.value, err.problem, err.fix)
 
 
 class BaselineStore:

@@ -30,6 +30,8 @@ class RunDriver:
     probe_requests: int
     max_probes: int
     say: Callable[[str], None] = lambda line: None
+    #: (endpoint, run number, probe number, rate) before each probe: the probe-start hook.
+    probe_start: Callable[[Endpoint, int, int, float], None] | None = None
     _warm: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -100,6 +102,7 @@ class RunDriver:
         self, endpoint: Endpoint, index: int, label: str, rate_min: float
     ) -> RunMeasurement:
         from pytest_moeperf.load.probe import measure_run
+        from pytest_moeperf.metrics.summary import failed_text
 
         def progress(k: int, rate: float, res: Any) -> None:
             s = res.summary
@@ -107,8 +110,12 @@ class RunDriver:
                 f"{label} probe {k + 1} rate {rate:.3g} req/s: "
                 f"{'met' if res.met else 'missed'} (ttft p99 {_ms(s, 'ttft')}, "
                 f"tpot p99 {_ms(s, 'tpot')}, attainment "
-                f"{100 * s['slo_attainment']:.0f} %)"
+                f"{100 * s['slo_attainment']:.0f} %{failed_text(s)})"
             )
+
+        def started(k: int, rate: float) -> None:
+            if self.probe_start is not None:
+                self.probe_start(endpoint, index + 1, k, rate)
 
         return measure_run(
             endpoint,
@@ -122,6 +129,7 @@ class RunDriver:
             max_probes=self.max_probes,
             mbu_inputs=self.mbu_inputs,
             on_probe=progress,
+            on_probe_start=started,
         )
 
 

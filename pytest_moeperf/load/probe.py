@@ -8,6 +8,7 @@ the run are those of the probe at the boundary rate: SLO goodput is its output t
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -26,15 +27,20 @@ MIN_PROBE_SPAN_S = 5.0
 
 
 class ServerDied(MoePerfError):
-    """The server process exited while a probe was running."""
+    """The server process exited while a probe was running.
 
-    def __init__(self, probe_index: int, rate: float, partial: list[dict[str, Any]],
+    ``probe_number`` counts from 1 within the run, as the progress lines do; ``partial`` holds
+    the run's finished probes and a last entry for the probe the server died in; ``load``
+    names a fixed operating point ("concurrency 8") instead of the rate.
+    """
+
+    def __init__(self, probe_number: int, rate: float, partial: list[dict[str, Any]],
                  load: str | None = None) -> None:  # fmt: skip
-        self.probe_index = probe_index
+        self.probe_number = probe_number
         self.rate = rate
         self.partial = partial
         where = load or f"rate {rate:g} req/s"
-        super().__init__(f"server died during probe {probe_index} at {where}")
+        super().__init__(f"server died during probe {probe_number} at {where}")
 
 
 @dataclass
@@ -44,6 +50,7 @@ class Endpoint:
     base_url: str
     model: str
     alive: Callable[[], bool] = lambda: True
+    server_pid: int | None = None  # leads the server's process group; None when external
 
 
 @dataclass
@@ -87,7 +94,9 @@ def measure_run(
     vocab_size: int, rate_min: float, probe_requests: int, max_probes: int,
     mbu_inputs: MbuInputs | None,
     on_probe: Callable[[int, float, ProbeResult], None] | None = None,
+    on_probe_start: Callable[[int, float], None] | None = None,
 ) -> RunMeasurement:  # fmt: skip
+    """One search; ``on_probe_start(probe_number, rate)`` is called before each probe's load."""
     from pytest_moeperf.load.runner import run_load
     from pytest_moeperf.load.search import search_slo_boundary
     from pytest_moeperf.spec.traces import build_requests
@@ -114,6 +123,8 @@ def measure_run(
                 return "server process exited"
             return abort(records, now_s)
 
+        if on_probe_start is not None:
+            on_probe_start(i + 1, rate)
         meter.start()
         run = run_load(endpoint.base_url, endpoint.model, requests, mode="poisson",
                        burstiness=spec.arrival.burstiness, seed=spec.workload.seed,
@@ -121,8 +132,12 @@ def measure_run(
         reading = meter.stop()
         energy.append({"rate": rate, **reading.to_dict()})
         if not endpoint.alive():
-            done.append({"rate": rate, "aborted": True, "reason": "server died"})
-            raise ServerDied(i, rate, done)
+            statuses = Counter(r.status for r in run.requests)
+            done.append({"rate": rate, "aborted": True, "reason": "server died",
+                         "partial": True, "planned_requests": len(requests),
+                         "recorded_requests": len(run.requests),
+                         "by_status": dict(sorted(statuses.items()))})  # fmt: skip
+            raise ServerDied(i + 1, rate, done)
         summary = summarize_steady(run, slo, spec)
         result = ProbeResult.from_summary(rate, summary)
         if run.aborted_early and result.reason is None:
@@ -252,7 +267,7 @@ def measure_fixed(
     energy = [{"concurrency": concurrency, **reading.to_dict()}]
     if not endpoint.alive():
         partial = [{"concurrency": concurrency, "aborted": True, "reason": "server died"}]
-        raise ServerDied(0, float(concurrency), partial, load=f"concurrency {concurrency}")
+        raise ServerDied(1, float(concurrency), partial, load=f"concurrency {concurrency}")
     summary = summarize_steady(run, slo, spec)
     s = summary.to_dict()
     m: dict[str, float | None] = {

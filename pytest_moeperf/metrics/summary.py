@@ -247,3 +247,12 @@ def summarize(run: RunRecord, slo: Slo, *, warmup_s: float, cooldown_s: float) -
         abort_reason=run.abort_reason,
         notes=tuple(notes),
     )
+
+
+def failed_text(summary: dict[str, Any]) -> str:
+    """``", 3 failed (http_error 2, timeout 1)"`` for a progress line; "" when none failed."""
+    failed = summary.get("failed_by_status") or {}
+    if not failed:
+        return ""
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(failed.items()))
+    return f", {sum(failed.values())} failed ({parts})"

@@ -99,29 +99,8 @@ def _as_json_dict(name: str, data: Mapping[Any, Any]) -> dict[str, Any]:
     return out
 
 
-def lay_out_config_folder(dest: Path, files: Mapping[str, FileSource]) -> Path:
-    """Create ``dest`` holding the given files, each checked first; returns ``dest``.
-
-    ``dest`` must not exist or be empty: a stale file left from another variant would be
-    picked up by vLLM and silently change what is measured.
-    """
-    if dest.exists():
-        if not dest.is_dir():
-            raise UsageError(
-                f"config folder {dest}",
-                "path",
-                str(dest),
-                "exists and is not a directory",
-                "pass a new folder path",
-            )
-        if any(dest.iterdir()):
-            raise UsageError(
-                f"config folder {dest}",
-                "contents",
-                sorted(p.name for p in dest.iterdir()),
-                "folder is not empty; leftover files would be read by vLLM too",
-                "lay out each variant into a fresh, empty folder",
-            )
+def check_variant_files(files: Mapping[str, FileSource]) -> None:
+    """Check each file's name and contents, as ``lay_out_config_folder`` writes them."""
     for name, src in files.items():
         cname = parse(name, source=f"config variant file {name!r}")
         if cname.backend is not None:
@@ -145,6 +124,38 @@ def lay_out_config_folder(dest: Path, files: Mapping[str, FileSource]) -> Path:
                 "must be a pathlib.Path to copy or a dict to write",
                 "pass Path(...) or the config dict",
             )
+
+
+def check_config_folder(folder: Path) -> None:
+    """Check every ``*.json`` in a user's config folder before a server would read it."""
+    for path in _json_files(folder):
+        load_config(path)
+
+
+def lay_out_config_folder(dest: Path, files: Mapping[str, FileSource]) -> Path:
+    """Create ``dest`` holding the given files, each checked first; returns ``dest``.
+
+    ``dest`` must not exist or be empty: a stale file left from another variant would be
+    picked up by vLLM and silently change what is measured.
+    """
+    if dest.exists():
+        if not dest.is_dir():
+            raise UsageError(
+                f"config folder {dest}",
+                "path",
+                str(dest),
+                "exists and is not a directory",
+                "pass a new folder path",
+            )
+        if any(dest.iterdir()):
+            raise UsageError(
+                f"config folder {dest}",
+                "contents",
+                sorted(p.name for p in dest.iterdir()),
+                "folder is not empty; leftover files would be read by vLLM too",
+                "lay out each variant into a fresh, empty folder",
+            )
+    check_variant_files(files)
     dest.mkdir(parents=True, exist_ok=True)
     for name, src in files.items():
         if isinstance(src, Path):

@@ -9,6 +9,7 @@ problem is one UsageError naming the file, the key, the value and the fix.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,7 +280,32 @@ def parse_config_text(text: str, source: str) -> dict[int, TileConfig]:
             "appears twice in one JSON object; json.load would silently keep the last",
             "keep one entry per key",
         ) from None
+    problems = find_problems(data, source)
+    if problems:
+        raise _at_line(problems[0], text)
     return validate_config(data, source)
+
+
+def _at_line(err: UsageError, text: str) -> UsageError:
+    """The same error with ``:LINE`` of the key (and field) it is about added to its source."""
+    m = re.match(r"key '([^']*)'(?: field '([^']*)')?", err.what)
+    if m is None:
+        return err
+    line = line_of_key(text, m[1])
+    if line is not None and m[2] is not None:
+        line = line_of_key(text, m[2], after_line=line) or line
+    if line is None:
+        return err
+    return UsageError(f"{err.source}:{line}", err.what, err.value, err.problem, err.fix)
+
+
+def line_of_key(text: str, key: str, after_line: int = 0) -> int | None:
+    """1-based line of the first ``"key":`` at or after ``after_line`` (None if not found)."""
+    pattern = re.compile(r'"' + re.escape(json.dumps(key)[1:-1]) + r'"\s*:')
+    for n, line in enumerate(text.splitlines(), start=1):
+        if n >= after_line and pattern.search(line):
+            return n
+    return None
 
 
 def load_config(path: Path) -> dict[int, TileConfig]:

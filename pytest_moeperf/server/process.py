@@ -224,6 +224,12 @@ class VllmServer:
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_text().splitlines()[-lines:])
 
+    def death_note(self, lines: int = 12) -> str:
+        """The exit code, log path and last log lines of a server that died, for a failure."""
+        code = self.proc.poll() if self.proc is not None else None
+        return (f"; server exit code {code}, log {self.config.log_path}\n"
+                f"--- server log (last lines) ---\n{self.log_tail(lines)}")  # fmt: skip
+
     def moe_observation(self) -> MoeConfigObservation:
         return scan_moe_config(self.log_text())
 

@@ -1,0 +1,75 @@
+"""Checks run in test setup, before any server starts: a typo costs a second, not a server start.
+
+Every input a perf test will read is checked here and the first problem is raised as one
+``UsageError`` naming its source: the markers (and the MoE config files they point at), the
+workload spec (file and line), every plugin option (command line, environment or ini file) and
+the test's stored baselines (file and line). A nightly job with a bad baseline file would
+otherwise measure for an hour and then fail on reading it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pytest_moeperf import markers, options
+from pytest_moeperf.errors import UsageError
+
+#: Fixtures whose tests start servers: their inputs are checked before setup.
+SERVER_FIXTURES = ("moeperf", "moeperf_ab", "moeperf_server_factory")
+
+
+def specs_dir(config: pytest.Config) -> Path:
+    return Path(config.rootpath) / "perf_tests" / "specs"
+
+
+def check_item(item: pytest.Item) -> None:
+    """Raise the first bad input of ``item`` as a UsageError; return quietly if all is well."""
+    markers.slo_gate(item)
+    markers.accuracy_gate(item)
+    markers.exclusive(item)
+    _check_moe_config(item)
+    choice = None
+    if item.get_closest_marker("moeperf_spec") is not None:
+        choice = markers.spec_choice(item, specs_dir(item.config))
+    if choice is not None:
+        from pytest_moeperf.spec.loader import load_spec
+
+        load_spec(choice.path)
+    names = getattr(item, "fixturenames", ())
+    if not any(f in names for f in SERVER_FIXTURES):
+        return
+    for setting in options.SETTINGS:
+        options.resolve(item.config, setting.name)
+    if "moeperf" in names:
+        check_baselines(item.config, item.nodeid)
+
+
+def _check_moe_config(item: pytest.Item) -> None:
+    choice = markers.moe_config_choice(item)
+    if choice is None or choice.in_tree:
+        return
+    from pytest_moeperf.moeconfig.folder import check_config_folder, check_variant_files
+
+    try:
+        if choice.files:
+            check_variant_files(choice.files)
+        elif choice.folder is not None:
+            check_config_folder(choice.folder)
+    except UsageError as e:
+        raise UsageError(f"{choice.source}, {e.source}", e.what, e.value, e.problem,
+                         e.fix) from None  # fmt: skip
+
+
+def check_baselines(config: pytest.Config, test_id: str) -> None:
+    """Read every baseline file of this test: a truncated or too new one fails now."""
+    from pytest_moeperf.baseline.storage import BaselineStore, read_baseline_file
+
+    root = options.resolve_path(config, "moeperf_baseline_dir")
+    if root is None:
+        return
+    folder = BaselineStore(root).dir_for(test_id)
+    if folder.is_dir():
+        for path in sorted(folder.glob("*.json")):
+            read_baseline_file(path)
