@@ -46,7 +46,7 @@ def repo(pytester: pytest.Pytester) -> Path:
     """A git repo (the pytester dir) whose last commit re-tiles NAME and edits a non-config."""
     root = pytester.path
     pytester.makefile(".yaml", ab=SPEC)
-    pytester.makepyfile(test_ab=TEST)
+    pytester.makepyfile(test_pr_gate=TEST)
     cfg = root / "configs"
     cfg.mkdir()
     _git(root, "init", "-q", "-b", "main")
@@ -67,7 +67,7 @@ def test_a_git_range_becomes_one_parameter_per_changed_config(
 ) -> None:
     result = pytester.runpytest("--collect-only", "-q", "--moeperf-ab-range", "HEAD~1..HEAD")
     result.stdout.fnmatch_lines(
-        ["test_ab.py::test_moe_config_ab[E=16,N=128,device_name=NVIDIA_H200]"]
+        ["test_pr_gate.py::test_moe_config_ab[E=16,N=128,device_name=NVIDIA_H200]"]
     )
     assert "notes" not in result.stdout.str()
     assert result.ret == 0
