@@ -8,7 +8,6 @@ failures into one-line test failures (never exceptions from the summary hook).
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +17,13 @@ import pytest
 from pytest_moeperf import markers, options
 from pytest_moeperf.errors import MoePerfError, UsageError
 from pytest_moeperf.load.probe import Endpoint, MbuInputs, RunMeasurement, ServerDied
+from pytest_moeperf.record import (
+    collect_metrics,
+    metric_entry,
+    slo_failures,
+    spec_summary,
+    vocab_size,
+)
 from pytest_moeperf.server.embedded import EMBEDDED_NAME
 from pytest_moeperf.server.fixture import ServerFactory
 from pytest_moeperf.session import MoePerfSession, PerfResult
@@ -25,10 +31,6 @@ from pytest_moeperf.spec.model import Slo, Spec
 
 if TYPE_CHECKING:
     from pytest_moeperf.load.driver import RunDriver
-
-METRIC_UNITS = {"slo_goodput_tok_s": "tok/s", "slo_rate_rps": "req/s", "output_tok_s": "tok/s",
-                "ttft_p99_ms": "ms", "tpot_p99_ms": "ms", "e2el_p99_ms": "ms",
-                "tok_per_j": "tok/J", "power_w": "W", "mbu": "fraction"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -103,7 +105,7 @@ class PerfTest:
                                                    server_url=plan.server_url)  # fmt: skip
         if noisy:
             self.session.warn(f"{self.item.nodeid}: {noisy}")
-        data["spec"] = _spec_summary(plan)
+        data["spec"] = spec_summary(plan)
         data["moe_config"] = {"name": plan.moe.name, "check": check,
                               "loaded": list(self._loaded())}  # fmt: skip
         runs: list[RunMeasurement] = []  # filled run by run: a death keeps the finished ones
@@ -117,7 +119,7 @@ class PerfTest:
             data["partial"] = True
             data["partial_probes"] = died.partial
         metrics = collect_metrics(runs)
-        data["metrics"] = {n: _metric_entry(n, v, runs) for n, v in metrics.items()}
+        data["metrics"] = {n: metric_entry(n, v, runs) for n, v in metrics.items()}
         data["search_runs"] = [r.to_dict() for r in runs]
         reasons.extend(slo_failures(plan, runs))
         accuracy = self._accuracy(plan, endpoint) if partial is None else None
@@ -213,7 +215,7 @@ class PerfTest:
             meter = NotMeasuredMeter(ENERGY_NOT_MEASURED)
         if meter is None:
             meter = make_default_meter(list(env.gpu_indices))
-        return RunDriver(plan.spec, plan.slo, meter, _vocab_size(model_dir),
+        return RunDriver(plan.spec, plan.slo, meter, vocab_size(model_dir),
                          self._mbu_inputs(plan, model_dir, env), plan.probe_requests,
                          plan.max_probes, say=self.say,
                          probe_start=self._probe_start)  # fmt: skip
@@ -384,72 +386,6 @@ class PerfTest:
         else:
             lines.append(f"baseline: {data['baseline']['status']} ({data['baseline']['path']})")
         return "\n".join(lines)
-
-
-def collect_metrics(runs: list[RunMeasurement]) -> dict[str, list[float]]:
-    """Per metric, the values of the runs that measured it (a missing value is no value)."""
-    names = [n for n in METRIC_UNITS if any(n in r.metrics for r in runs)]
-    return {n: [v for r in runs if (v := r.metrics.get(n)) is not None] for n in names}
-
-
-def slo_failures(plan: Plan, runs: list[RunMeasurement]) -> list[str]:
-    """The SLO gate: a search must find a rate meeting it; a fixed load must meet it."""
-    slo = (f"p99 TTFT <= {plan.slo.ttft_p99_ms:g} ms and p99 TPOT <= "
-           f"{plan.slo.tpot_p99_ms:g} ms")  # fmt: skip
-    out: list[str] = []
-    # A run with no boundary is the strongest regression signal there is, not a missing value:
-    # one such run fails the gate (it would otherwise drop out of the verdict's statistics).
-    missing = [r for r in runs if r.search is not None and r.search.boundary_rate is None]
-    if missing:
-        which = ", ".join(f"{r.index + 1}/{plan.runs}" for r in missing)
-        note = missing[0].search.note if missing[0].search is not None else ""
-        out.append(f"SLO gate ({plan.slo_source}): in run {which} no probed rate met {slo}; "
-                   f"{note}")  # fmt: skip
-    missed = [r.index + 1 for r in runs if r.fixed is not None and not r.fixed.get("slo_met")]
-    if missed:
-        c = plan.spec.arrival.concurrency
-        out.append(f"SLO gate ({plan.slo_source}): runs {missed} at concurrency {c} missed "
-                   f"{slo}")  # fmt: skip
-    return out
-
-
-def _metric_entry(name: str, values: list[float], runs: list[RunMeasurement]) -> dict[str, Any]:
-    import statistics
-
-    entry: dict[str, Any] = {
-        "runs": values,
-        "unit": METRIC_UNITS[name],
-        "center": statistics.median(values) if values else None,
-    }
-    if not values:
-        notes = sorted({n for r in runs for n in r.notes if name.split("_")[0] in n.lower()
-                        or "not measured" in n})  # fmt: skip
-        entry["note"] = "; ".join(notes) or "not measured"
-    return entry
-
-
-def _spec_summary(plan: Plan) -> dict[str, Any]:
-    s = plan.spec
-    w = s.workload
-    trace = f"{w.trace} {w.input_tokens}/{w.output_tokens}" if w.trace == "fixed" else w.trace
-    return {"name": s.name, "path": s.source, "hash": s.hash()[:16], "trace": trace,
-            "arrival": f"{s.arrival.process}, burstiness {s.arrival.burstiness:g}",
-            "slo": {"ttft_p99_ms": plan.slo.ttft_p99_ms, "tpot_p99_ms": plan.slo.tpot_p99_ms,
-                    "e2el_p99_ms": plan.slo.e2el_p99_ms}, "slo_source": plan.slo_source,
-            "runs": plan.runs, "probe_requests": plan.probe_requests}  # fmt: skip
-
-
-def _vocab_size(model_dir: Path | None) -> int:
-    """Token ids in prompts must be valid for both the model and its tokenizer."""
-    if model_dir is None:
-        return 1000
-    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
-    tok = model_dir / "tokenizer.json"
-    if tok.exists():
-        t = json.loads(tok.read_text())
-        size = len(t.get("model", {}).get("vocab", {})) + len(t.get("added_tokens", []))
-        vocab = min(vocab, max(size, 1))
-    return vocab
 
 
 def _served_model(base_url: str) -> str:

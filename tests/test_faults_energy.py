@@ -18,7 +18,7 @@ from test_energy import FakeNvml
 from test_faults_requests import sse
 
 from pytest_moeperf.load.probe import Endpoint, RunMeasurement, measure_run
-from pytest_moeperf.measure import _metric_entry
+from pytest_moeperf.record import metric_entry
 from pytest_moeperf.metrics.energy import (
     METHOD_NOT_MEASURED,
     EnergyMeter,
@@ -103,7 +103,7 @@ def test_nvml_failing_mid_run_keeps_goodput_and_says_why(
         assert "GPU is lost" in reading["reason"]
     notes = [n for n in run.notes if n.startswith("energy not measured: ")]
     assert len(notes) == 1 and "GPU is lost" in notes[0]
-    entry: dict[str, Any] = _metric_entry("tok_per_j", [], [run])
+    entry: dict[str, Any] = metric_entry("tok_per_j", [], [run])
     assert entry["center"] is None and "GPU is lost" in entry["note"]
 
 

@@ -19,7 +19,8 @@ from pytest_moeperf import options
 from pytest_moeperf.ab.cases import AbCase, AbSide, describe
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.load.probe import Endpoint, RunMeasurement, ServerDied
-from pytest_moeperf.measure import PerfTest, Plan, _metric_entry, _spec_summary, collect_metrics
+from pytest_moeperf.measure import PerfTest, Plan
+from pytest_moeperf.record import collect_metrics, metric_entry, spec_summary
 from pytest_moeperf.server.process import VllmServer
 from pytest_moeperf.session import PerfResult
 
@@ -314,7 +315,7 @@ class AbTest(PerfTest):
         data: dict[str, Any] = {
             "quick": out.plan.quick,
             "config_label": name,
-            "spec": _spec_summary(out.plan),
+            "spec": spec_summary(out.plan),
             "moe_config": {
                 "name": name,
                 "check": state.check,
@@ -325,7 +326,7 @@ class AbTest(PerfTest):
                 else None,
                 "loaded": list(state.server.moe_observation().loaded),
             },
-            "metrics": {n: _metric_entry(n, v, runs) for n, v in metrics.items()},
+            "metrics": {n: metric_entry(n, v, runs) for n, v in metrics.items()},
             "search_runs": [r.to_dict() for r in runs],
             "sweep": state.sweep,
             "ab": {

@@ -1,0 +1,85 @@
+"""What a perf test's result records from its runs: metrics per run, the SLO gate, the spec.
+
+Shared by the plain perf test and the A/B gate, so both write the same result record.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_moeperf.load.probe import RunMeasurement
+
+if TYPE_CHECKING:
+    from pytest_moeperf.measure import Plan
+
+METRIC_UNITS = {"slo_goodput_tok_s": "tok/s", "slo_rate_rps": "req/s", "output_tok_s": "tok/s",
+                "ttft_p99_ms": "ms", "tpot_p99_ms": "ms", "e2el_p99_ms": "ms",
+                "tok_per_j": "tok/J", "power_w": "W", "mbu": "fraction"}  # fmt: skip
+
+
+def collect_metrics(runs: list[RunMeasurement]) -> dict[str, list[float]]:
+    """Per metric, the values of the runs that measured it (a missing value is no value)."""
+    names = [n for n in METRIC_UNITS if any(n in r.metrics for r in runs)]
+    return {n: [v for r in runs if (v := r.metrics.get(n)) is not None] for n in names}
+
+
+def slo_failures(plan: Plan, runs: list[RunMeasurement]) -> list[str]:
+    """The SLO gate: a search must find a rate meeting it; a fixed load must meet it."""
+    slo = (f"p99 TTFT <= {plan.slo.ttft_p99_ms:g} ms and p99 TPOT <= "
+           f"{plan.slo.tpot_p99_ms:g} ms")  # fmt: skip
+    out: list[str] = []
+    # A run with no boundary is the strongest regression signal there is, not a missing value:
+    # one such run fails the gate (it would otherwise drop out of the verdict's statistics).
+    missing = [r for r in runs if r.search is not None and r.search.boundary_rate is None]
+    if missing:
+        which = ", ".join(f"{r.index + 1}/{plan.runs}" for r in missing)
+        note = missing[0].search.note if missing[0].search is not None else ""
+        out.append(f"SLO gate ({plan.slo_source}): in run {which} no probed rate met {slo}; "
+                   f"{note}")  # fmt: skip
+    missed = [r.index + 1 for r in runs if r.fixed is not None and not r.fixed.get("slo_met")]
+    if missed:
+        c = plan.spec.arrival.concurrency
+        out.append(f"SLO gate ({plan.slo_source}): runs {missed} at concurrency {c} missed "
+                   f"{slo}")  # fmt: skip
+    return out
+
+
+def metric_entry(name: str, values: list[float], runs: list[RunMeasurement]) -> dict[str, Any]:
+    import statistics
+
+    entry: dict[str, Any] = {
+        "runs": values,
+        "unit": METRIC_UNITS[name],
+        "center": statistics.median(values) if values else None,
+    }
+    if not values:
+        notes = sorted({n for r in runs for n in r.notes if name.split("_")[0] in n.lower()
+                        or "not measured" in n})  # fmt: skip
+        entry["note"] = "; ".join(notes) or "not measured"
+    return entry
+
+
+def spec_summary(plan: Plan) -> dict[str, Any]:
+    s = plan.spec
+    w = s.workload
+    trace = f"{w.trace} {w.input_tokens}/{w.output_tokens}" if w.trace == "fixed" else w.trace
+    return {"name": s.name, "path": s.source, "hash": s.hash()[:16], "trace": trace,
+            "arrival": f"{s.arrival.process}, burstiness {s.arrival.burstiness:g}",
+            "slo": {"ttft_p99_ms": plan.slo.ttft_p99_ms, "tpot_p99_ms": plan.slo.tpot_p99_ms,
+                    "e2el_p99_ms": plan.slo.e2el_p99_ms}, "slo_source": plan.slo_source,
+            "runs": plan.runs, "probe_requests": plan.probe_requests}  # fmt: skip
+
+
+def vocab_size(model_dir: Path | None) -> int:
+    """Token ids in prompts must be valid for both the model and its tokenizer."""
+    if model_dir is None:
+        return 1000
+    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    tok = model_dir / "tokenizer.json"
+    if tok.exists():
+        t = json.loads(tok.read_text())
+        size = len(t.get("model", {}).get("vocab", {})) + len(t.get("added_tokens", []))
+        vocab = min(vocab, max(size, 1))
+    return vocab
