@@ -274,13 +274,17 @@ def main() -> None:
             ours: list[dict[str, Any]] = []
             theirs: list[dict[str, Any]] = []
             for rep in range(a.reps):
+                load = os.getloadavg()[0]  # other work on the machine shows up as noise
                 o = run_ours(url, model, work)
                 run = o.pop("run")
                 o["send_lag"] = send_lag(run)
+                o["load_avg_1m"] = [load, os.getloadavg()[0]]
                 ours.append(o)
                 print(f"rep {rep + 1} ours  : " + json.dumps({m: round(o[m], 3) for m in METRICS}),
                       flush=True)  # fmt: skip
+                load = os.getloadavg()[0]
                 t = run_theirs(url, model, a)
+                t["load_avg_1m"] = [load, os.getloadavg()[0]]
                 t["definition_check"] = definition_check(t)
                 t["workload_check"] = workload_check(work, t)
                 theirs.append(t)
