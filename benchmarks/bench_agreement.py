@@ -85,6 +85,48 @@ json.dump(out, open(sys.argv[1], "w"))
 """
 
 
+SERVER_HISTOGRAMS = {
+    "ttft": "vllm:time_to_first_token_seconds",
+    "itl": "vllm:inter_token_latency_seconds",
+    "e2el": "vllm:e2e_request_latency_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+}
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    """Sums and counts of the server's latency histograms (all label sets added up)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=30) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for hist in SERVER_HISTOGRAMS.values():
+            if name in (hist + "_sum", hist + "_count"):
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def server_view(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The server's own mean latencies (ms) over one run: a reference free of client effects.
+
+    Its TTFT runs from the request's arrival in the API server to the first token leaving the
+    engine; its ITL is the engine's time between tokens (with equal output lengths, the mean ITL
+    equals the mean TPOT over requests).
+    """
+    view: dict[str, float] = {}
+    for key, hist in SERVER_HISTOGRAMS.items():
+        n = after.get(hist + "_count", 0.0) - before.get(hist + "_count", 0.0)
+        total = after.get(hist + "_sum", 0.0) - before.get(hist + "_sum", 0.0)
+        view[f"mean_{key}_ms"] = 1e3 * total / n if n else math.nan
+        view[f"n_{key}"] = n
+    return view
+
+
 def vllm_args(base_url: str, model: str, a: argparse.Namespace) -> list[str]:
     """The ``vllm bench serve`` arguments both the workload builder and the client get."""
     return [
@@ -118,7 +160,13 @@ def run_ours(base_url: str, model: str, work: list[dict[str, Any]]) -> dict[str,
         for i, w in enumerate(work)
     ]
     run = run_load(base_url, model, specs, mode="poisson", target=0.0)
-    return {"run": run, **our_metrics(run)}
+    recs = sorted(run.requests, key=lambda r: r.index)
+    per_request = {
+        "send_s": [r.send_s for r in recs],
+        "ttft_ms": [1e3 * r.ttft_s if r.ttft_s is not None else None for r in recs],
+        "tpot_ms": [1e3 * r.tpot_s if r.tpot_s is not None else None for r in recs],
+    }
+    return {"run": run, **our_metrics(run), "per_request": per_request}
 
 
 def our_metrics(run: RunRecord) -> dict[str, Any]:
@@ -148,6 +196,8 @@ def run_theirs(base_url: str, model: str, a: argparse.Namespace) -> dict[str, An
     with tempfile.TemporaryDirectory() as d:
         cmd = [sys.executable, "-c", VLLM_BENCH, *vllm_args(base_url, model, a)]
         cmd += ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99"]
+        # No ready-check request (the server is up): it would count in the server's histograms.
+        cmd += ["--ready-check-timeout-sec", "0"]
         cmd += ["--disable-tqdm", "--save-result", "--save-detailed", "--result-dir", d]
         cmd += ["--result-filename", "r.json"]
         proc = subprocess.run(cmd, env=vllm_env(), capture_output=True, text=True)
@@ -161,6 +211,16 @@ def run_theirs(base_url: str, model: str, a: argparse.Namespace) -> dict[str, An
     out["command"] = " ".join([*cmd[:2], "<vllm.benchmarks.serve main>", *cmd[3:]])
     out["detailed"] = {k: res[k] for k in ("ttfts", "latencies", "start_times", "output_lens",
                                            "input_lens", "errors")}  # fmt: skip
+    d = out["detailed"]
+    t0 = min(d["start_times"])
+    out["per_request"] = {
+        "send_s": [st - t0 for st in d["start_times"]],
+        "ttft_ms": [1e3 * x for x in d["ttfts"]],
+        "tpot_ms": [
+            1e3 * (lat - tt) / (n - 1) if n > 1 else None
+            for lat, tt, n in zip(d["latencies"], d["ttfts"], d["output_lens"], strict=True)
+        ],
+    }
     return out
 
 
@@ -207,11 +267,25 @@ def send_lag(run: RunRecord) -> dict[str, float]:
     return {"p50_ms": 1e3 * lag[len(lag) // 2], "max_ms": 1e3 * lag[-1]}
 
 
+# Client metric -> the server's own mean of the same quantity over the same run.
+SERVER_REF = {"mean_ttft_ms": "mean_ttft_ms", "mean_tpot_ms": "mean_itl_ms"}
+
+
 def compare(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per metric: the two clients' means over the reps, their difference and the noise.
+
+    Rows ``X / server`` divide each run's client value by the server's own mean for that run:
+    what is left is the client's view relative to the server's, with the server's run-to-run
+    variation (other load on the machine, batch timing) taken out.
+    """
     table: dict[str, Any] = {}
-    for m in METRICS:
-        o = [r[m] for r in ours]
-        t = [r[m] for r in theirs]
+    series: list[tuple[str, list[float], list[float]]] = [
+        (m, [r[m] for r in ours], [r[m] for r in theirs]) for m in METRICS
+    ]
+    for m, ref in SERVER_REF.items():
+        series.append((f"{m} / server", [r[m] / r["server"][ref] for r in ours],
+                       [r[m] / r["server"][ref] for r in theirs]))  # fmt: skip
+    for m, o, t in series:
         mo, mt = statistics.fmean(o), statistics.fmean(t)
         pairs = [a / b - 1.0 for a, b in zip(o, t, strict=True)]
         cv_o = statistics.stdev(o) / mo if len(o) > 1 else math.nan
@@ -229,11 +303,17 @@ def compare(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[st
     return table
 
 
+def brief(row: dict[str, Any]) -> str:
+    d = {m: round(row[m], 3) for m in METRICS}
+    d.update({f"server_{k}": round(row["server"][k], 3) for k in ("mean_ttft_ms", "mean_itl_ms")})
+    return json.dumps(d)
+
+
 def print_table(table: dict[str, Any]) -> None:
-    print(f"\n{'metric':<20} {'ours':>10} {'vllm':>10} {'diff':>8} {'cv ours':>8} "
+    print(f"\n{'metric':<27} {'ours':>10} {'vllm':>10} {'diff':>8} {'cv ours':>8} "
           f"{'cv vllm':>8} {'2 SE':>7}  within 3 %")  # fmt: skip
     for m, r in table.items():
-        print(f"{m:<20} {r['ours_mean']:>10.2f} {r['theirs_mean']:>10.2f} "
+        print(f"{m:<27} {r['ours_mean']:>10.3f} {r['theirs_mean']:>10.3f} "
               f"{100 * r['rel_diff']:>+7.2f}% {100 * r['cv_ours']:>7.2f}% "
               f"{100 * r['cv_theirs']:>7.2f}% {200 * r['se_diff']:>6.2f}%  "
               f"{'yes' if r['within_3pct'] else 'NO'}"
@@ -248,8 +328,12 @@ def main() -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3, help="runs per client, alternated")
     ap.add_argument("--seed", type=int, default=0)
+    nice = "niceness of this process, the server and the clients (e.g. -10, as root): other"
+    ap.add_argument("--nice", type=int, default=0, help=nice + " work disturbs the runs less")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_agreement.json"))
     a = ap.parse_args()
+    if a.nice:
+        os.nice(a.nice)  # inherited by the server and by vLLM's client subprocesses
 
     from pytest_moeperf.server.embedded import ensure_embedded_model
     from pytest_moeperf.server.fixture import ServerFactory
@@ -275,21 +359,23 @@ def main() -> None:
             theirs: list[dict[str, Any]] = []
             for rep in range(a.reps):
                 load = os.getloadavg()[0]  # other work on the machine shows up as noise
+                before = scrape(url)
                 o = run_ours(url, model, work)
+                o["server"] = server_view(before, scrape(url))
                 run = o.pop("run")
                 o["send_lag"] = send_lag(run)
                 o["load_avg_1m"] = [load, os.getloadavg()[0]]
                 ours.append(o)
-                print(f"rep {rep + 1} ours  : " + json.dumps({m: round(o[m], 3) for m in METRICS}),
-                      flush=True)  # fmt: skip
+                print(f"rep {rep + 1} ours  : {brief(o)}", flush=True)
                 load = os.getloadavg()[0]
+                before = scrape(url)
                 t = run_theirs(url, model, a)
+                t["server"] = server_view(before, scrape(url))
                 t["load_avg_1m"] = [load, os.getloadavg()[0]]
                 t["definition_check"] = definition_check(t)
                 t["workload_check"] = workload_check(work, t)
                 theirs.append(t)
-                print(f"rep {rep + 1} vllm  : " + json.dumps({m: round(t[m], 3) for m in METRICS}),
-                      flush=True)  # fmt: skip
+                print(f"rep {rep + 1} vllm  : {brief(t)}", flush=True)
         finally:
             factory.stop_all()
     for t in theirs:
