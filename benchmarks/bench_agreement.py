@@ -75,10 +75,13 @@ tok = get_tokenizer(args.tokenizer, tokenizer_mode=args.tokenizer_mode,
                     trust_remote_code=args.trust_remote_code)
 reqs = get_samples(args, tok)
 # get_request(): one gamma gap per request from the global generator, cumulated, rescaled.
-gaps = [np.random.gamma(shape=args.burstiness, scale=1.0 / (args.request_rate * args.burstiness))
-        for _ in reqs]
-cum = np.cumsum(gaps)
-cum = cum * (len(reqs) / args.request_rate) / cum[-1]
+if args.request_rate == float("inf"):
+    cum = np.zeros(len(reqs))
+else:
+    gaps = [np.random.gamma(shape=args.burstiness,
+                            scale=1.0 / (args.request_rate * args.burstiness)) for _ in reqs]
+    cum = np.cumsum(gaps)
+    cum = cum * (len(reqs) / args.request_rate) / cum[-1]
 out = [{"ids": tok(r.prompt).input_ids, "prompt_len": r.prompt_len,
         "output_len": r.expected_output_len, "arrival_s": float(t)} for r, t in zip(reqs, cum)]
 json.dump(out, open(sys.argv[1], "w"))
@@ -127,14 +130,14 @@ def server_view(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return view
 
 
-def vllm_args(base_url: str, model: str, a: argparse.Namespace) -> list[str]:
+def vllm_args(base_url: str, model: str, a: argparse.Namespace, rate: float, n: int) -> list[str]:
     """The ``vllm bench serve`` arguments both the workload builder and the client get."""
     return [
         "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
         "--model", model, "--tokenizer", model, "--dataset-name", "random",
         "--random-input-len", str(a.input_len), "--random-output-len", str(a.output_len),
         "--random-range-ratio", "0", "--ignore-eos", "--temperature", "0",
-        "--request-rate", str(a.rate), "--seed", str(a.seed), "--num-prompts", str(a.num_prompts),
+        "--request-rate", str(rate), "--seed", str(a.seed), "--num-prompts", str(n),
     ]  # fmt: skip
 
 
@@ -143,10 +146,10 @@ def vllm_env() -> dict[str, str]:
                 HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")  # fmt: skip
 
 
-def build_workload(base_url: str, model: str, a: argparse.Namespace) -> list[dict[str, Any]]:
+def build_workload(base_url: str, model: str, args: list[str]) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "w.json"
-        cmd = [sys.executable, "-c", VLLM_WORKLOAD, str(out), *vllm_args(base_url, model, a)]
+        cmd = [sys.executable, "-c", VLLM_WORKLOAD, str(out), *args]
         proc = subprocess.run(cmd, env=vllm_env(), capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError("building vLLM's workload failed:\n" + proc.stderr[-3000:])
@@ -154,12 +157,17 @@ def build_workload(base_url: str, model: str, a: argparse.Namespace) -> list[dic
     return work
 
 
-def run_ours(base_url: str, model: str, work: list[dict[str, Any]]) -> dict[str, Any]:
+def run_ours(
+    base_url: str, model: str, work: list[dict[str, Any]], sequential: bool = False
+) -> dict[str, Any]:
     specs = [
         RequestSpec(i, w["arrival_s"], tuple(w["ids"]), int(w["output_len"]))
         for i, w in enumerate(work)
     ]
-    run = run_load(base_url, model, specs, mode="poisson", target=0.0)
+    if sequential:
+        run = run_load(base_url, model, specs, mode="concurrency", concurrency=1)
+    else:
+        run = run_load(base_url, model, specs, mode="poisson", target=0.0)
     recs = sorted(run.requests, key=lambda r: r.index)
     per_request = {
         "send_s": [r.send_s for r in recs],
@@ -192,9 +200,9 @@ def our_metrics(run: RunRecord) -> dict[str, Any]:
     }
 
 
-def run_theirs(base_url: str, model: str, a: argparse.Namespace) -> dict[str, Any]:
+def run_theirs(args: list[str]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as d:
-        cmd = [sys.executable, "-c", VLLM_BENCH, *vllm_args(base_url, model, a)]
+        cmd = [sys.executable, "-c", VLLM_BENCH, *args]
         cmd += ["--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99"]
         # No ready-check request (the server is up): it would count in the server's histograms.
         cmd += ["--ready-check-timeout-sec", "0"]
@@ -320,13 +328,42 @@ def print_table(table: dict[str, Any]) -> None:
               f"{'' if r['resolvable'] else ' (noise too high to tell)'}")  # fmt: skip
 
 
+def measured(url: str, fn: Any, *args: Any) -> dict[str, Any]:
+    """One client run with the server's own view of it and the machine's load around it."""
+    load = os.getloadavg()[0]  # other work on the machine shows up as noise
+    before = scrape(url)
+    row: dict[str, Any] = fn(*args)
+    row["server"] = server_view(before, scrape(url))
+    row["load_avg_1m"] = [load, os.getloadavg()[0]]
+    run = row.pop("run", None)
+    if run is not None:
+        row["send_lag"] = send_lag(run)
+    return row
+
+
+def sequential_phase(url: str, model: str, a: argparse.Namespace) -> dict[str, Any]:
+    """One request at a time: no queueing, so TTFT differences are the clients' own overhead."""
+    args = [*vllm_args(url, model, a, math.inf, a.seq_prompts), "--max-concurrency", "1"]
+    work = build_workload(url, model, args)
+    ours = measured(url, run_ours, url, model, work, True)
+    theirs = measured(url, run_theirs, args)
+    theirs.pop("detailed")
+    out: dict[str, Any] = {"ours": ours, "theirs": theirs}
+    for name, row in (("ours", ours), ("theirs", theirs)):
+        sv = row["server"]
+        out[f"{name}_ttft_minus_server_ms"] = row["mean_ttft_ms"] - sv["mean_ttft_ms"]
+        out[f"{name}_tpot_over_server_itl"] = row["mean_tpot_ms"] / sv["mean_itl_ms"]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rate", type=float, default=4.0, help="Poisson rate, req/s")
-    ap.add_argument("--num-prompts", type=int, default=160)
+    ap.add_argument("--rate", type=float, default=3.0, help="Poisson rate, req/s")
+    ap.add_argument("--num-prompts", type=int, default=150)
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3, help="runs per client, alternated")
+    ap.add_argument("--seq-prompts", type=int, default=40, help="sequential phase (0: skip)")
     ap.add_argument("--seed", type=int, default=0)
     nice = "niceness of this process, the server and the clients (e.g. -10, as root): other"
     ap.add_argument("--nice", type=int, default=0, help=nice + " work disturbs the runs less")
@@ -344,42 +381,45 @@ def main() -> None:
         "load_avg_start": os.getloadavg(), "server_args": SERVER_ARGS,
     }  # fmt: skip
     model = str(ensure_embedded_model())
+    ours: list[dict[str, Any]] = []
+    theirs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as wd:
         factory = ServerFactory(Path(wd), startup_timeout_s=600)
         try:
             server = factory(model, SERVER_ARGS, name="agreement")
             result["server_startup_s"] = server.startup_s
             url = server.base_url
-            work = build_workload(url, model, a)
+            args = vllm_args(url, model, a, a.rate, a.num_prompts)
+            work = build_workload(url, model, args)
             # Warm-up (discarded): the first requests after start-up are slow on every client.
             warm = [RequestSpec(i, 0.1 * i, tuple(w["ids"]), int(w["output_len"]))
                     for i, w in enumerate(work[:16])]  # fmt: skip
             run_load(url, model, warm, mode="poisson")
-            ours: list[dict[str, Any]] = []
-            theirs: list[dict[str, Any]] = []
+            order = []
             for rep in range(a.reps):
-                load = os.getloadavg()[0]  # other work on the machine shows up as noise
-                before = scrape(url)
-                o = run_ours(url, model, work)
-                o["server"] = server_view(before, scrape(url))
-                run = o.pop("run")
-                o["send_lag"] = send_lag(run)
-                o["load_avg_1m"] = [load, os.getloadavg()[0]]
-                ours.append(o)
-                print(f"rep {rep + 1} ours  : {brief(o)}", flush=True)
-                load = os.getloadavg()[0]
-                before = scrape(url)
-                t = run_theirs(url, model, a)
-                t["server"] = server_view(before, scrape(url))
-                t["load_avg_1m"] = [load, os.getloadavg()[0]]
-                t["definition_check"] = definition_check(t)
-                t["workload_check"] = workload_check(work, t)
-                theirs.append(t)
-                print(f"rep {rep + 1} vllm  : {brief(t)}", flush=True)
+                # Alternate, and swap who goes first in every other pair (ours, theirs, theirs,
+                # ours, ...): a steady drift then hits both clients about equally.
+                pair = ("ours", "theirs") if rep % 2 == 0 else ("theirs", "ours")
+                for who in pair:
+                    order.append(who)
+                    if who == "ours":
+                        o = measured(url, run_ours, url, model, work)
+                        ours.append(o)
+                        print(f"rep {rep + 1} ours  : {brief(o)}", flush=True)
+                    else:
+                        t = measured(url, run_theirs, args)
+                        t["definition_check"] = definition_check(t)
+                        t["workload_check"] = workload_check(work, t)
+                        t.pop("detailed")
+                        theirs.append(t)
+                        print(f"rep {rep + 1} vllm  : {brief(t)}", flush=True)
+            result["order"] = order
+            if a.seq_prompts:
+                result["sequential"] = seq = sequential_phase(url, model, a)
+                print("sequential: " + json.dumps({k: v for k, v in seq.items()
+                                                   if not isinstance(v, dict)}))  # fmt: skip
         finally:
             factory.stop_all()
-    for t in theirs:
-        t.pop("detailed")
     result["ours"] = ours
     result["theirs"] = theirs
     result["comparison"] = compare(ours, theirs)
