@@ -261,9 +261,9 @@ def sequential_phase(url: str, model: str, a: argparse.Namespace) -> dict[str, A
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rate", type=float, default=3.0, help="Poisson rate, req/s")
-    ap.add_argument("--num-prompts", type=int, default=150)
-    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--rate", type=float, default=2.5, help="Poisson rate, req/s")
+    ap.add_argument("--num-prompts", type=int, default=125)
+    ap.add_argument("--input-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--reps", type=int, default=3, help="runs per client, alternated")
     ap.add_argument("--seq-prompts", type=int, default=40, help="sequential phase (0: skip)")
