@@ -270,11 +270,13 @@ class PerfTest:
         from pytest_moeperf.accuracy import run_gsm8k
 
         limit = plan.accuracy.limit
+        scope = f"first {limit} questions (marker limit)" if limit else "all questions"
         if plan.quick:
             limit = min(limit or 20, 20)
+            scope = f"first {limit} questions (quick mode limit; marker: {plan.accuracy.limit})"
         result = run_gsm8k(endpoint.base_url, endpoint.model, shots=plan.accuracy.shots,
                            limit=limit)  # fmt: skip
-        return result.to_dict()
+        return {**result.to_dict(), "scope": scope}
 
     def _setup(self, plan: Plan, env: Any, data: dict[str, Any]) -> dict[str, Any]:
         from pytest_moeperf.metrics.hardware import rated_bandwidth
@@ -379,7 +381,12 @@ class PerfTest:
         if data.get("accuracy"):
             a = data["accuracy"]
             lines.append(f"gsm8k {a['shots']}-shot: strict {a['strict_match']:.3f} flexible "
-                         f"{a['flexible_extract']:.3f} (n={a['n']})")  # fmt: skip
+                         f"{a['flexible_extract']:.3f} (n={a['n']}, {a.get('scope', '')}, "
+                         f"{a['errors']} request errors)")  # fmt: skip
+            v = a.get("verdict")
+            if v:
+                lines.append(f"accuracy gate {'passed' if v['passed'] else 'FAILED'} "
+                             f"({v['metric']}): {v['reason']}")  # fmt: skip
         verdicts = getattr(self, "_verdicts", [])
         if verdicts:
             lines.append(format_verdict_table(verdicts, title="vs baseline"))

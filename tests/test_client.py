@@ -19,6 +19,7 @@ import pytest
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.load.client import (
     StreamingClient,
+    chunk_text,
     completion_body,
     completion_request,
     parse_base_url,
@@ -387,6 +388,54 @@ def test_interim_100_continue_is_skipped() -> None:
     assert len(rec.token_times_s) == 3
 
 
+# -- text capture (the accuracy task's requests go through the same client)
+def text_chunk(text: str) -> bytes:
+    return b"data: " + json.dumps({"choices": [{"index": 0, "text": text}]}).encode() + b"\n\n"
+
+
+def one_chunk(data: bytes) -> bytes:
+    """One HTTP chunk, not the end of the body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def test_text_is_captured_on_the_fast_and_the_slow_path() -> None:
+    # One event in one chunk in one read (the fast path), then two events in one chunk and
+    # events next to the terminator (the full parser).
+    texts: list[bytes] = []
+    reads = [HEAD, one_chunk(text_chunk("The ")),
+             one_chunk(text_chunk("answer") + text_chunk(" is")),
+             chunked(text_chunk(' "2"'), USAGE3, DONE)]  # fmt: skip
+    rec, _, _ = _fed(reads, texts)
+    assert rec.status == "ok", rec.error
+    assert chunk_text(texts) == 'The answer is "2"'
+    assert len(texts) == 4 and len(rec.token_times_s) == 4
+
+
+def test_prepare_json_streams_with_the_served_model() -> None:
+    client = StreamingClient("http://127.0.0.1:9", "served", t0=0.0)
+    raw = client.prepare_json({"prompt": "hi", "max_tokens": 3, "model": "ignored"})
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert f"Content-Length: {len(body)}".encode() in head
+    assert json.loads(body) == {
+        "prompt": "hi", "max_tokens": 3, "model": "served",
+        "stream": True, "stream_options": {"include_usage": True},
+    }  # fmt: skip
+
+
+def test_load_runs_keep_no_text() -> None:
+    rec = raw_record([HEAD, one_chunk(text_chunk("x")), chunked(USAGE3, DONE)])
+    assert rec.status == "ok" and rec.output_tokens == 3  # and nothing decoded or kept
+
+
+@pytest.mark.parametrize(
+    "event",
+    [b'{"choices":[{"text":5}]}', b'{"choices":[]}', b"[1]", b"not json"],
+)
+def test_chunk_text_rejects_malformed_chunks(event: bytes) -> None:
+    with pytest.raises(ValueError):
+        chunk_text([event])
+
+
 # -- the protocol fed by hand, and the read clock
 class _FakeTransport:
     def __init__(self) -> None:
@@ -400,7 +449,9 @@ class _FakeTransport:
         self.aborted = True
 
 
-def _fed(pieces: list[bytes]) -> tuple[RequestRecord, _FakeTransport, list[object]]:
+def _fed(
+    pieces: list[bytes], texts: list[bytes] | None = None
+) -> tuple[RequestRecord, _FakeTransport, list[object]]:
     from pytest_moeperf.load._http import Connection, Exchange
 
     released: list[object] = []
@@ -410,7 +461,7 @@ def _fed(pieces: list[bytes]) -> tuple[RequestRecord, _FakeTransport, list[objec
         tr = _FakeTransport()
         conn.connection_made(tr)  # type: ignore[arg-type]
         rec = RequestRecord(0, 0.0, 0.0, 1, 3)
-        ex = Exchange(rec, asyncio.get_running_loop().create_future())
+        ex = Exchange(rec, asyncio.get_running_loop().create_future(), texts)
         conn.start(ex, b"REQ", 5.0, 5.0)
         for p in pieces:
             conn.data_received(p)

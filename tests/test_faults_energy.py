@@ -18,7 +18,6 @@ from test_energy import FakeNvml
 from test_faults_requests import sse
 
 from pytest_moeperf.load.probe import Endpoint, RunMeasurement, measure_run
-from pytest_moeperf.record import metric_entry
 from pytest_moeperf.metrics.energy import (
     METHOD_NOT_MEASURED,
     EnergyMeter,
@@ -26,6 +25,7 @@ from pytest_moeperf.metrics.energy import (
     NvmlEnergyMeter,
     make_default_meter,
 )
+from pytest_moeperf.record import metric_entry
 from pytest_moeperf.spec.loader import load_spec
 
 SPEC = """\

@@ -265,6 +265,19 @@ ANSWERS = {
 }
 
 
+def split_text(text: str) -> list[str]:
+    """Stream the reply the way vLLM does: a few characters per chunk, an empty one too."""
+    return ["", *(text[i : i + 3] for i in range(0, len(text), 3))]
+
+
+def sse_stream(texts: list[object]) -> bytes:
+    """A streamed /v1/completions answer: content chunks, the usage chunk, [DONE]."""
+    events = [{"id": "c", "choices": [{"index": 0, "text": t}]} for t in texts]
+    events.append({"id": "c", "choices": [], "usage": {"completion_tokens": len(texts)}})
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    return body + b"data: [DONE]\n\n"
+
+
 class FakeServer:
     def __init__(self) -> None:
         self.payloads: list[dict[str, Any]] = []
@@ -278,6 +291,8 @@ def server() -> Iterator[tuple[str, FakeServer]]:
     state = FakeServer()
 
     class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as vLLM's server
+
         def log_message(self, *args: object) -> None:
             pass
 
@@ -296,17 +311,18 @@ def server() -> Iterator[tuple[str, FakeServer]]:
                     self._send(404, b"not found")
                 elif isinstance(reply, int):
                     self._send(reply, b'{"error": "boom"}')
-                elif asked == "test question 5?":
-                    self._send(200, b"not json")
+                elif asked == "test question 5?":  # a chunk whose text is not a string
+                    self._send(200, sse_stream([5]), "text/event-stream")
                 else:
-                    self._send(200, json.dumps({"choices": [{"text": reply}]}).encode())
+                    assert isinstance(reply, str)
+                    self._send(200, sse_stream(split_text(reply)), "text/event-stream")
             finally:
                 with state.lock:
                     state.in_flight -= 1
 
-        def _send(self, status: int, data: bytes) -> None:
+        def _send(self, status: int, data: bytes, ctype: str = "application/json") -> None:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

@@ -101,8 +101,8 @@ def test_both_near_zero_pass_as_not_informative() -> None:
     v = compare_paired(base, cand, max_drop_points=0.5)
     assert v.passed
     assert not v.informative
-    assert "both near zero" in v.reason
-    assert "not informative" in v.reason
+    assert v.reason.startswith("accuracy near zero on both sides (0.9% and 0.1%, both < 5%)")
+    assert "passed, but the gate is not informative" in v.reason
 
 
 def test_near_zero_threshold_is_configurable() -> None:
@@ -272,9 +272,30 @@ def test_compare_results_refuses_unpaired_prompts(key: str, value: Any) -> None:
     assert f"accuracy.{key}" in str(err.value) and "b.json" in str(err.value)
 
 
-def test_compare_results_refuses_different_limits() -> None:
+def test_compare_results_refuses_a_candidate_longer_than_the_baseline() -> None:
     with pytest.raises(UsageError, match="number of questions"):
-        compare_results(result([True] * 5), result([True] * 3), max_drop_points=1.0)
+        compare_results(result([True] * 3), result([True] * 5), max_drop_points=1.0)
+
+
+def test_quick_candidate_is_paired_with_the_baseline_prefix() -> None:
+    # Baseline: 100 questions, the first 20 all right, the rest wrong; a quick run on the first
+    # 20 that gets them all right is unchanged on those 20, not "up 80 points".
+    base = result([True] * 20 + [False] * 80, limit=100)
+    cand = result([True] * 20, limit=20)
+    v = compare_results(base, cand, max_drop_points=1.0)
+    assert v.passed and v.n == 20 and v.delta_points == 0.0 and v.baseline_acc == 1.0
+    assert "compared on the first 20 of the baseline's 100 questions" in v.reason
+    # ... and a real drop on the prefix still fails.
+    worse = compare_results(base, result([False] * 20, limit=20), max_drop_points=1.0)
+    assert not worse.passed and worse.n == 20
+
+
+def test_candidate_with_other_questions_than_the_prefix_is_refused() -> None:
+    base = result([True] * 10)
+    cand = result([True] * 3)
+    cand.per_question[1].index = 7
+    with pytest.raises(UsageError, match="number of questions"):
+        compare_results(base, cand, max_drop_points=1.0)
 
 
 def test_compare_results_refuses_different_question_ids() -> None:

@@ -24,7 +24,7 @@ from pytest_moeperf.accuracy.paired import AccuracyResult, QuestionOutcome
 from pytest_moeperf.errors import UsageError
 
 if TYPE_CHECKING:
-    import httpx
+    from pytest_moeperf.load.client import StreamingClient
 
 TASK = "gsm8k"
 DATA_DIR = Path(__file__).parent / "data"
@@ -260,15 +260,10 @@ def _check_args(
     timeout_s: float,
     n_test: int,
 ) -> None:
+    from pytest_moeperf.load.client import parse_base_url
+
     src = "run_gsm8k"
-    if not base_url.startswith(("http://", "https://")):
-        raise UsageError(
-            src,
-            "base_url",
-            base_url,
-            "is not an http(s) URL",
-            "pass the server root, e.g. http://127.0.0.1:8000",
-        )
+    parse_base_url(base_url, src)
     if limit is not None and not 1 <= limit <= n_test:
         raise UsageError(
             src,
@@ -292,24 +287,20 @@ def completions_url(base_url: str) -> str:
 
 
 async def _complete(
-    client: httpx.AsyncClient, url: str, payload: dict[str, object]
+    client: StreamingClient, index: int, payload: bytes, max_tokens: int
 ) -> tuple[str, str | None]:
-    """One completion: (text, None) or ("", error message)."""
-    import httpx
+    """One streamed completion through the load client: (text, None) or ("", error message)."""
+    from pytest_moeperf.load.client import chunk_text
+    from pytest_moeperf.load.records import RequestSpec
 
+    texts: list[bytes] = []
+    rec = await client.send(RequestSpec(index, 0.0, (), max_tokens), 0.0, payload, texts=texts)
+    if not rec.ok:
+        return "", rec.error or rec.status
     try:
-        resp = await client.post(url, json=payload)
-    except httpx.HTTPError as exc:
-        return "", f"{type(exc).__name__}: {exc}"
-    if resp.status_code != 200:
-        return "", f"HTTP {resp.status_code}: {resp.text[:200]}"
-    try:
-        text = resp.json()["choices"][0]["text"]
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        return "", f"malformed response ({type(exc).__name__}): {resp.text[:200]}"
-    if not isinstance(text, str):
-        return "", f"malformed response: choices[0].text is {type(text).__name__}"
-    return truncate_at_stop(text), None
+        return truncate_at_stop(chunk_text(texts)), None
+    except ValueError as exc:
+        return "", f"malformed response: {exc}"
 
 
 async def run_gsm8k_async(
@@ -324,33 +315,40 @@ async def run_gsm8k_async(
     data_path: Path | None = None,
     timeout_s: float = 300.0,
 ) -> AccuracyResult:
-    """Ask the first ``limit`` test questions (all if None) greedily and score them."""
-    import httpx
+    """Ask the first ``limit`` test questions (all if None) greedily and score them.
+
+    The requests go through the load generator's client (``StreamingClient``: keep-alive
+    connections, streamed ``/v1/completions``), ``concurrency`` at a time, so the accuracy task
+    exercises the server exactly the way the performance probes do.
+    """
+    from pytest_moeperf.load.client import StreamingClient
 
     test = load_split("test", data_path)
     train = load_split("train", data_path)
     _check_args(base_url, limit, concurrency, max_tokens, timeout_s, len(test))
     questions = test if limit is None else test[:limit]
     exemplars = fewshot_sets(train, questions, shots, seed)
-    url = completions_url(base_url)
     sem = asyncio.Semaphore(concurrency)
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    start = time.perf_counter()
+    client = StreamingClient(base_url, model, t0=start, request_timeout_s=timeout_s)
 
-    async def ask(client: httpx.AsyncClient, i: int) -> QuestionOutcome:
-        payload: dict[str, object] = {
-            "model": model,
-            "prompt": build_prompt(exemplars[i], questions[i]),
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "stop": list(STOP_SEQUENCES),
-        }
+    async def ask(i: int) -> QuestionOutcome:
+        payload = client.prepare_json(
+            {
+                "prompt": build_prompt(exemplars[i], questions[i]),
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                "stop": list(STOP_SEQUENCES),
+            }
+        )
         async with sem:
-            text, error = await _complete(client, url, payload)
+            text, error = await _complete(client, i, payload, max_tokens)
         return score(i, text, questions[i].answer, error)
 
-    start = time.perf_counter()
-    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as client:
-        outcomes = await asyncio.gather(*(ask(client, i) for i in range(len(questions))))
+    try:
+        outcomes = await asyncio.gather(*(ask(i) for i in range(len(questions))))
+    finally:
+        client.close()
     return AccuracyResult.from_outcomes(
         list(outcomes),
         task=TASK,

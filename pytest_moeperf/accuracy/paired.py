@@ -302,7 +302,10 @@ def compare_paired(
     informative = max(base_acc, cand_acc) >= near_zero
     if not informative:
         passed = True
-        reason = f"both near zero (< {near_zero:.0%}): gate not informative ({what})"
+        reason = (
+            f"accuracy near zero on both sides ({base_acc:.1%} and {cand_acc:.1%}, both < "
+            f"{near_zero:.0%}): passed, but the gate is not informative ({what})"
+        )
     elif drop > max_drop_points and p < alpha:
         passed = False
         reason = (
@@ -348,8 +351,23 @@ def compare_results(
     """Gate two stored runs; refuses to pair runs whose prompts or questions differ.
 
     A candidate with request errors never passes as "not informative": a dead server also scores
-    zero, and that must not look like a tiny model.
+    zero, and that must not look like a tiny model. A candidate on the first K questions of a
+    longer baseline (a quick-mode ``limit``) is paired with those K: exemplars are drawn in
+    question order, so the first K prompts are the same whatever the limit.
     """
+    prefix_note = ""
+    if candidate.n < baseline.n and [o.index for o in candidate.per_question] == [
+        o.index for o in baseline.per_question[: candidate.n]
+    ]:
+        prefix_note = (
+            f"compared on the first {candidate.n} of the baseline's {baseline.n} questions "
+            f"(candidate limit {candidate.limit})"
+        )
+        baseline = AccuracyResult.from_outcomes(
+            baseline.per_question[: candidate.n],
+            task=baseline.task, shots=baseline.shots, limit=candidate.n, seed=baseline.seed,
+            model=baseline.model, data_digest=baseline.data_digest,
+        )  # fmt: skip
     for key in ("task", "shots", "seed", "data_digest"):
         a, b = getattr(baseline, key), getattr(candidate, key)
         if a != b:
@@ -372,6 +390,8 @@ def compare_results(
         near_zero=near_zero,
     )
     verdict = replace(verdict, metric=metric)
+    if prefix_note:
+        verdict = replace(verdict, reason=f"{verdict.reason}; {prefix_note}")
     if candidate.errors:
         note = f"candidate had {candidate.errors} request errors, counted as wrong"
         if not verdict.informative:

@@ -55,11 +55,21 @@ def loop_stamps() -> StampingSelector | None:
 class Exchange:
     """One request on a connection: its record, the future the caller awaits, its state."""
 
-    __slots__ = ("attempt_reused", "done_seen", "finished", "future", "record", "usage_tokens")
+    __slots__ = (
+        "attempt_reused", "done_seen", "finished", "future", "record", "texts", "usage_tokens",
+    )  # fmt: skip
 
-    def __init__(self, record: RequestRecord, future: asyncio.Future[bool]) -> None:
+    def __init__(
+        self,
+        record: RequestRecord,
+        future: asyncio.Future[bool],
+        texts: list[bytes] | None = None,
+    ) -> None:
         self.record = record
         self.future = future
+        # When a list is given, each content event's JSON (after "data: ") is kept, undecoded,
+        # for callers that need the generated text (the accuracy task); load runs pass None.
+        self.texts = texts
         self.finished = False
         self.done_seen = False
         self.usage_tokens: int | None = None
@@ -175,6 +185,8 @@ class Connection(asyncio.Protocol):
         if rec.first_token_s is None:
             rec.first_token_s = now
         rec.token_times_s.append(now)
+        if ex.texts is not None:
+            ex.texts.append(data[i + 8 : end - 2])  # between "data: " and the blank line
         return True
 
     def eof_received(self) -> bool | None:
@@ -389,6 +401,8 @@ class Connection(asyncio.Protocol):
                     if rec.first_token_s is None:
                         rec.first_token_s = now
                     rec.token_times_s.append(now)
+                    if ex.texts is not None:
+                        ex.texts.append(bytes(buf[p:e]))
                     return
         elif buf.startswith(b"[DONE]", p):
             assert self.ex is not None

@@ -63,7 +63,11 @@ def completion_body(model: str, spec: RequestSpec) -> bytes:
 
 def completion_request(host: str, port: int, path: str, model: str, spec: RequestSpec) -> bytes:
     """Request line, headers and body as one buffer, so sending is a single write."""
-    body = completion_body(model, spec)
+    return post_request(host, port, path, completion_body(model, spec))
+
+
+def post_request(host: str, port: int, path: str, body: bytes) -> bytes:
+    """A streaming POST of a JSON body, as one buffer."""
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nUser-Agent: pytest-moeperf\r\n"
         "Accept: text/event-stream\r\nContent-Type: application/json\r\n"
@@ -99,6 +103,15 @@ class StreamingClient:
     def prepare(self, spec: RequestSpec) -> bytes:
         """Encode a request ahead of its send time, so the send itself costs one write."""
         return completion_request(self.host, self.port, self.path, self.model, spec)
+
+    def prepare_json(self, body: dict[str, Any]) -> bytes:
+        """Any ``/v1/completions`` body (text prompt, stop sequences: the accuracy task).
+
+        ``model``, ``stream`` and ``stream_options`` are set here: the parser needs a stream.
+        """
+        full = {**body, "model": self.model, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        return post_request(self.host, self.port, self.path, json.dumps(full).encode())
 
     @property
     def in_flight(self) -> int:
@@ -143,9 +156,18 @@ class StreamingClient:
         return conn
 
     async def send(
-        self, spec: RequestSpec, scheduled_s: float, payload: bytes | None = None
+        self,
+        spec: RequestSpec,
+        scheduled_s: float,
+        payload: bytes | None = None,
+        *,
+        texts: list[bytes] | None = None,
     ) -> RequestRecord:
-        """Run one request to completion and return its record; never raises for I/O errors."""
+        """Run one request to completion and return its record; never raises for I/O errors.
+
+        With ``texts``, the raw JSON of every content event is appended to it (``chunk_text``
+        decodes them); load runs leave it None and never decode a token.
+        """
         loop = asyncio.get_running_loop()
         if payload is None:
             payload = self.prepare(spec)
@@ -157,7 +179,7 @@ class StreamingClient:
             max_tokens=spec.max_tokens,
         )
         for attempt in range(2):  # the second only when a reused connection had gone stale
-            ex = Exchange(rec, loop.create_future())
+            ex = Exchange(rec, loop.create_future(), texts)
             self._active[ex] = None
             try:
                 conn = None
@@ -181,6 +203,8 @@ class StreamingClient:
                 del self._active[ex]
             rec.token_times_s.clear()
             rec.first_token_s = None
+            if texts is not None:
+                texts.clear()
         return rec
 
     def cancel_all(self) -> None:
@@ -197,6 +221,24 @@ class StreamingClient:
         for conn in self._idle:
             conn._drop()
         self._idle.clear()
+
+
+def chunk_text(events: list[bytes]) -> str:
+    """The generated text of a stream kept with ``send(texts=...)``: ``choices[0].text`` joined.
+
+    Raises ValueError for an event that is not a completion chunk (a malformed stream).
+    """
+    parts = []
+    for raw in events:
+        try:
+            text = json.loads(raw)["choices"][0].get("text")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            what = f"not a completion chunk ({type(exc).__name__}): {raw[:200]!r}"
+            raise ValueError(what) from None
+        if not isinstance(text, str | None):
+            raise ValueError(f"choices[0].text is {type(text).__name__}")
+        parts.append(text or "")
+    return "".join(parts)
 
 
 async def stream_completion(
