@@ -95,9 +95,12 @@ def test_failed_text_is_empty_without_failures() -> None:
 
 
 def test_vllm_rejects_an_overlong_prompt_as_a_counted_miss(cpu_server: VllmServer) -> None:
-    """Real vLLM: a prompt beyond --max-model-len 2048 gets HTTP 400; it must count as a miss."""
+    """Real vLLM: a prompt beyond the shared server's --max-model-len gets HTTP 400; it must
+    count as a miss."""
+    args = cpu_server.config.args
+    too_long = 2 * int(args[args.index("--max-model-len") + 1])
     reqs = [
-        RequestSpec(0, 0.0, tuple(10 + (i % 500) for i in range(3000)), 8),
+        RequestSpec(0, 0.0, tuple(10 + (i % 500) for i in range(too_long)), 8),
         RequestSpec(1, 0.1, tuple(range(20, 36)), 8),
         RequestSpec(2, 0.2, tuple(range(40, 56)), 8),
     ]
