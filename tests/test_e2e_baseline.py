@@ -82,5 +82,8 @@ def test_refresh_then_pass_then_regressed(pytester: pytest.Pytester,
     data = json.loads(results.read_text())["results"][0]
     outcomes = {v["metric"]: v["outcome"] for v in data["verdicts"]}
     assert "regressed" in outcomes.values(), outcomes
+    for v in data["verdicts"]:  # shown with -s / -rA: the figures the README quotes
+        print(f"slowdown: {v['metric']} {v['delta_rel'] * 100:+.0f} %, p={v['p_value']}: "
+              f"{v['outcome']}")  # fmt: skip
     # a failed run never overwrites the baseline, even with the refresh flag
     assert files[0].read_bytes() == before
