@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 
 SESSION_KEY = pytest.StashKey[MoePerfSession]()
 AB_CASES_KEY = pytest.StashKey["tuple[list[AbCase], str | None]"]()
+#: Servers already running when this session was configured: an outer session's, not ours.
+_OUTER_SERVERS_KEY = pytest.StashKey[frozenset[int]]()
 GPU_SKIP_REASON = (
     "needs a GPU: this perf test is marked moeperf_gpu; run `pytest perf_tests --gpu` on a GPU "
     "machine with vLLM installed (pip install 'pytest-moeperf[gpu]')"
@@ -52,6 +55,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(_XdistRelay(config.stash[SESSION_KEY]), "moeperf-relay")
     _install_signal_cleanup()
+    if "pytest_moeperf.server.process" in sys.modules:  # only if some session started servers
+        from pytest_moeperf.server.process import live_server_pids
+
+        config.stash[_OUTER_SERVERS_KEY] = live_server_pids()
     if options.value(config, "moeperf_ab_range") or options.value(config, "moeperf_ab_folders"):
         _ab_cases(config)  # a bad range or config file is a usage error before collection
 
@@ -280,6 +287,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    """Stop the servers this session started; an outer session's (in-process pytester) live on."""
     from pytest_moeperf.server.process import stop_all_servers
 
-    stop_all_servers()
+    stop_all_servers(keep=config.stash.get(_OUTER_SERVERS_KEY, frozenset()))

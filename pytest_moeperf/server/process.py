@@ -251,7 +251,17 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def stop_all_servers() -> None:
-    """Stop every server this process started (atexit, SIGTERM, Ctrl-C)."""
-    for server in list(_LIVE.values()):
-        server.stop(grace_s=10.0)
+def live_server_pids() -> frozenset[int]:
+    """PIDs of the servers this process has running now (to scope a later stop)."""
+    return frozenset(_LIVE)
+
+
+def stop_all_servers(keep: frozenset[int] = frozenset()) -> None:
+    """Stop every server this process started, except those in ``keep`` (atexit, SIGTERM, Ctrl-C).
+
+    ``keep`` exists for nested sessions: an in-process pytester run ends with its own
+    ``pytest_unconfigure`` and must not stop the outer session's servers.
+    """
+    for pid, server in list(_LIVE.items()):
+        if pid not in keep:
+            server.stop(grace_s=10.0)
