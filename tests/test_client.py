@@ -452,7 +452,8 @@ class _FakeTransport:
 def _fed(
     pieces: list[bytes], texts: list[bytes] | None = None
 ) -> tuple[RequestRecord, _FakeTransport, list[object]]:
-    from pytest_moeperf.load._http import Connection, Exchange
+    from pytest_moeperf.load._exchange import Exchange
+    from pytest_moeperf.load._http import Connection
 
     released: list[object] = []
 
@@ -485,7 +486,7 @@ def test_connection_close_header_is_not_pooled() -> None:
 
 
 def test_stamping_selector_stamps_reads_at_wake_up(serve: Serve) -> None:
-    from pytest_moeperf.load._http import StampingSelector
+    from pytest_moeperf.load._exchange import StampingSelector
     from pytest_moeperf.load._worker import new_event_loop
 
     url, _ = serve(delay_s=0.002)

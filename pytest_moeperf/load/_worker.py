@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from time import perf_counter
 from typing import TYPE_CHECKING, Literal
 
-from pytest_moeperf.load._http import StampingSelector
+from pytest_moeperf.load._exchange import StampingSelector
 from pytest_moeperf.load.client import StreamingClient
 from pytest_moeperf.load.records import RequestRecord, RequestSpec
 

@@ -15,7 +15,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pytest_moeperf.errors import UsageError
-from pytest_moeperf.load._http import Connection, Exchange
+from pytest_moeperf.load._exchange import Exchange
+from pytest_moeperf.load._http import Connection
 from pytest_moeperf.load.records import RequestRecord, RequestSpec
 
 

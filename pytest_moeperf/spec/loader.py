@@ -6,18 +6,16 @@ edited by hand and read back from a CI log. Lines come from ``yaml.compose`` nod
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
-import math
 import re
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import yaml
 
 from pytest_moeperf.errors import UsageError
+from pytest_moeperf.spec._fields import MISSING, FieldCtx, FieldPath, line_index
 from pytest_moeperf.spec.model import (
     DEFAULT_COOLDOWN_FRACTION,
     DEFAULT_WARMUP_FRACTION,
@@ -35,8 +33,6 @@ from pytest_moeperf.spec.model import (
     WorkloadSpec,
 )
 
-FieldPath = tuple[str, ...]
-_MISSING: Any = object()
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FLAG_RE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 
@@ -60,139 +56,6 @@ SEARCH_FIELDS = (
 WINDOW_FIELDS = ("warmup_s", "warmup_fraction", "cooldown_fraction")
 TRACES = ("chat-mix-v1", "fixed", "replay")
 PROCESSES = ("poisson", "concurrency")
-
-
-class _Ctx:
-    """Where each field of one spec text sits, and a way to fail pointing at it."""
-
-    def __init__(self, source: str, lines: dict[FieldPath, int]) -> None:
-        self.source = source
-        self.lines = lines
-
-    def line(self, path: FieldPath) -> int:
-        for n in range(len(path), -1, -1):
-            if path[:n] in self.lines:
-                return self.lines[path[:n]]
-        return 1
-
-    def fail(self, path: FieldPath, value: object, problem: str, fix: str) -> NoReturn:
-        where = f"{self.source}:{self.line(path)}"
-        raise UsageError(where, ".".join(path) or "spec", value, problem, fix)
-
-    def mapping(self, value: object, path: FieldPath, allowed: Sequence[str]) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            what = "the spec" if not path else f"`{'.'.join(path)}`"
-            self.fail(
-                path, value, f"{what} must be a mapping", f"write {what} as `key: value` lines"
-            )
-        for key in value:
-            if not isinstance(key, str) or key not in allowed:
-                close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
-                hint = f"did you mean `{close[0]}`?" if close else "remove it"
-                self.fail(
-                    (*path, str(key)),
-                    key,
-                    "unknown field",
-                    f"{hint} Known fields here: {', '.join(allowed)}",
-                )
-        return value
-
-    def get(self, m: dict[str, Any], path: FieldPath, key: str, default: Any) -> Any:
-        value = m.get(key)
-        if value is None:
-            if default is _MISSING:
-                section = ".".join(path) or "the top level"
-                self.fail(
-                    (*path, key), None, "missing required field", f"add `{key}:` to {section}"
-                )
-            return default
-        return value
-
-    def int_(
-        self,
-        m: dict[str, Any],
-        path: FieldPath,
-        key: str,
-        default: Any = _MISSING,
-        minimum: int = 1,
-    ) -> Any:
-        value = self.get(m, path, key, default)
-        if value is default and default is not _MISSING:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(
-                (*path, key), value, "must be an integer", f"write a whole number >= {minimum}"
-            )
-        if value < minimum:
-            self.fail((*path, key), value, f"must be >= {minimum}", f"use a value >= {minimum}")
-        return value
-
-    def num(
-        self,
-        m: dict[str, Any],
-        path: FieldPath,
-        key: str,
-        default: Any = _MISSING,
-        *,
-        low: float = 0.0,
-        low_inclusive: bool = False,
-        high: float = math.inf,
-    ) -> Any:
-        value = self.get(m, path, key, default)
-        if value is default and default is not _MISSING:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-            self.fail((*path, key), value, "must be a number", "write a plain number, e.g. 1.5")
-        ok_low = value >= low if low_inclusive else value > low
-        if not ok_low or value >= high or math.isinf(value):
-            rng = f"{'>=' if low_inclusive else '>'} {low:g}" + (
-                f" and < {high:g}" if high < math.inf else ""
-            )
-            self.fail((*path, key), value, f"must be {rng}", f"use a finite number {rng}")
-        return float(value)
-
-    def str_(self, m: dict[str, Any], path: FieldPath, key: str, default: Any = _MISSING) -> Any:
-        value = self.get(m, path, key, default)
-        if value is default and default is not _MISSING:
-            return value
-        if not isinstance(value, str) or not value.strip():
-            self.fail((*path, key), value, "must be a non-empty string", "quote it: key: 'text'")
-        return value
-
-    def choice(
-        self, m: dict[str, Any], path: FieldPath, key: str, options: Sequence[str], default: Any
-    ) -> Any:
-        value = self.str_(m, path, key, default)
-        if value is None and default is None:
-            return None
-        if value not in options:
-            close = difflib.get_close_matches(str(value), options, n=1, cutoff=0.5)
-            hint = f"did you mean `{close[0]}`? " if close else ""
-            self.fail(
-                (*path, key), value, "unknown choice", f"{hint}use one of {', '.join(options)}"
-            )
-        return value
-
-
-def _line_index(node: yaml.Node, path: FieldPath, out: dict[FieldPath, int], source: str) -> None:
-    """Record the line of every field; reject duplicate keys, which PyYAML would silently merge."""
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = str(key_node.value)
-            line = key_node.start_mark.line + 1
-            if key in seen:
-                dotted = ".".join((*path, key))
-                raise UsageError(
-                    f"{source}:{line}", dotted, key, "field given twice", "keep one of the two"
-                )
-            seen.add(key)
-            out[(*path, key)] = line
-            _line_index(value_node, (*path, key), out, source)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _line_index(item, (*path, str(i)), out, source)
 
 
 def load_spec(path: Path) -> Spec:
@@ -220,27 +83,27 @@ def load_spec_text(text: str, source: str = "<string>", *, base_dir: Path | None
         ) from exc  # fmt: skip
     lines: dict[FieldPath, int] = {}
     if root is not None:
-        _line_index(root, (), lines, source)
-    ctx = _Ctx(source, lines)
+        line_index(root, (), lines, source)
+    ctx = FieldCtx(source, lines)
     base = base_dir if base_dir is not None else Path.cwd()
     return _build(ctx, data, base)
 
 
-def _build(ctx: _Ctx, data: object, base: Path) -> Spec:
+def _build(ctx: FieldCtx, data: object, base: Path) -> Spec:
     top = ctx.mapping(data, (), TOP_FIELDS)
     name = ctx.str_(top, (), "name")
     if not _NAME_RE.match(name):
         ctx.fail(("name",), name, "has characters unsafe in file names", "use [A-Za-z0-9._-]")
-    model = _model(ctx, ctx.mapping(ctx.get(top, (), "model", _MISSING), ("model",), MODEL_FIELDS))
+    model = _model(ctx, ctx.mapping(ctx.get(top, (), "model", MISSING), ("model",), MODEL_FIELDS))
     par_raw = ctx.mapping(ctx.get(top, (), "parallelism", {}), ("parallelism",), PARALLEL_FIELDS)
     parallelism = _parallelism(ctx, par_raw)
     engine_args = _engine_args(ctx, ctx.get(top, (), "engine_args", {}))
     has_search = top.get("search") is not None
-    wl_raw = ctx.mapping(ctx.get(top, (), "workload", _MISSING), ("workload",), WORKLOAD_FIELDS)
+    wl_raw = ctx.mapping(ctx.get(top, (), "workload", MISSING), ("workload",), WORKLOAD_FIELDS)
     workload = _workload(ctx, wl_raw, model, base)
     arr_raw = ctx.mapping(ctx.get(top, (), "arrival", {}), ("arrival",), ARRIVAL_FIELDS)
     arrival = _arrival(ctx, arr_raw, has_search)
-    slo = _slo(ctx, ctx.mapping(ctx.get(top, (), "slo", _MISSING), ("slo",), SLO_FIELDS))
+    slo = _slo(ctx, ctx.mapping(ctx.get(top, (), "slo", MISSING), ("slo",), SLO_FIELDS))
     search = None
     if has_search:
         search = _search(ctx, ctx.mapping(top["search"], ("search",), SEARCH_FIELDS))
@@ -258,7 +121,7 @@ def _build(ctx: _Ctx, data: object, base: Path) -> Spec:
     )  # fmt: skip
 
 
-def _model(ctx: _Ctx, m: dict[str, Any]) -> ModelSpec:
+def _model(ctx: FieldCtx, m: dict[str, Any]) -> ModelSpec:
     p: FieldPath = ("model",)
     return ModelSpec(
         path=ctx.str_(m, p, "path"),
@@ -270,7 +133,7 @@ def _model(ctx: _Ctx, m: dict[str, Any]) -> ModelSpec:
     )
 
 
-def _parallelism(ctx: _Ctx, m: dict[str, Any]) -> ParallelismSpec:
+def _parallelism(ctx: FieldCtx, m: dict[str, Any]) -> ParallelismSpec:
     p: FieldPath = ("parallelism",)
     expert = m.get("expert", False)
     if not isinstance(expert, bool):
@@ -290,7 +153,7 @@ def _parallelism(ctx: _Ctx, m: dict[str, Any]) -> ParallelismSpec:
     )
 
 
-def _engine_args(ctx: _Ctx, raw: object) -> tuple[tuple[str, EngineArgValue], ...]:
+def _engine_args(ctx: FieldCtx, raw: object) -> tuple[tuple[str, EngineArgValue], ...]:
     p: FieldPath = ("engine_args",)
     if not isinstance(raw, dict):
         ctx.fail(p, raw, "must be a mapping of vLLM flags", "write e.g. `max-num-seqs: 64`")
@@ -316,20 +179,20 @@ def _engine_args(ctx: _Ctx, raw: object) -> tuple[tuple[str, EngineArgValue], ..
     return tuple(sorted(out.items()))
 
 
-def _arg_scalar(ctx: _Ctx, path: FieldPath, value: object) -> ScalarArg:
+def _arg_scalar(ctx: FieldCtx, path: FieldPath, value: object) -> ScalarArg:
     if isinstance(value, bool | int | float | str):
         return value
     fix = "give a string, number, true/false, a list of those, or a mapping (sent as JSON)"
     ctx.fail(path, value, "unsupported value", fix)
 
 
-def _workload(ctx: _Ctx, m: dict[str, Any], model: ModelSpec, base: Path) -> WorkloadSpec:
+def _workload(ctx: FieldCtx, m: dict[str, Any], model: ModelSpec, base: Path) -> WorkloadSpec:
     p: FieldPath = ("workload",)
-    trace = ctx.choice(m, p, "trace", TRACES, _MISSING)
+    trace = ctx.choice(m, p, "trace", TRACES, MISSING)
     for key, only in (("input_tokens", "fixed"), ("output_tokens", "fixed"), ("path", "replay")):
         if key in m and trace != only:
             ctx.fail((*p, key), m[key], f"only used by trace `{only}`", f"remove `{key}`")
-    n_default = None if trace == "replay" else _MISSING
+    n_default = None if trace == "replay" else MISSING
     num_requests = ctx.int_(m, p, "num_requests", n_default)
     scale = ctx.num(m, p, "scale", 1.0)
     max_in = ctx.int_(m, p, "max_input_tokens", None)
@@ -375,7 +238,7 @@ def _workload(ctx: _Ctx, m: dict[str, Any], model: ModelSpec, base: Path) -> Wor
     )  # fmt: skip
 
 
-def _arrival(ctx: _Ctx, m: dict[str, Any], has_search: bool) -> ArrivalSpec:
+def _arrival(ctx: FieldCtx, m: dict[str, Any], has_search: bool) -> ArrivalSpec:
     p: FieldPath = ("arrival",)
     process = ctx.choice(m, p, "process", PROCESSES, "poisson")
     burstiness = ctx.num(m, p, "burstiness", 1.0)
@@ -383,7 +246,7 @@ def _arrival(ctx: _Ctx, m: dict[str, Any], has_search: bool) -> ArrivalSpec:
         if "concurrency" in m:
             fix = "remove it or set `process: concurrency`"
             ctx.fail((*p, "concurrency"), m["concurrency"], "not used by process poisson", fix)
-        rate = ctx.num(m, p, "rate", None if has_search else _MISSING)
+        rate = ctx.num(m, p, "rate", None if has_search else MISSING)
         return ArrivalSpec(process="poisson", rate=rate, burstiness=burstiness)
     if "rate" in m:
         fix = "remove it or set `process: poisson`"
@@ -397,7 +260,7 @@ def _arrival(ctx: _Ctx, m: dict[str, Any], has_search: bool) -> ArrivalSpec:
     return ArrivalSpec(process="concurrency", concurrency=concurrency, burstiness=burstiness)
 
 
-def _slo(ctx: _Ctx, m: dict[str, Any]) -> Slo:
+def _slo(ctx: FieldCtx, m: dict[str, Any]) -> Slo:
     p: FieldPath = ("slo",)
     return Slo(
         ttft_p99_ms=ctx.num(m, p, "ttft_p99_ms"),
@@ -406,7 +269,7 @@ def _slo(ctx: _Ctx, m: dict[str, Any]) -> Slo:
     )
 
 
-def _search(ctx: _Ctx, m: dict[str, Any]) -> SearchSpec:
+def _search(ctx: FieldCtx, m: dict[str, Any]) -> SearchSpec:
     p: FieldPath = ("search",)
     rate_min = ctx.num(m, p, "rate_min")
     rate_max = ctx.num(m, p, "rate_max", None)
@@ -423,7 +286,7 @@ def _search(ctx: _Ctx, m: dict[str, Any]) -> SearchSpec:
     )
 
 
-def _window(ctx: _Ctx, m: dict[str, Any]) -> WindowSpec:
+def _window(ctx: FieldCtx, m: dict[str, Any]) -> WindowSpec:
     p: FieldPath = ("window",)
     if "warmup_s" in m and "warmup_fraction" in m:
         fix = "keep one of the two"
