@@ -92,6 +92,10 @@ class RunDriver:
         if run.search.boundary_rate is None and start > self.spec_rate_min:
             # the warm start missed: search from the spec's own lowest rate rather than report
             # a run without a boundary
+            self.say(
+                f"{label}: started at {start:.3g} req/s (the last boundary, less a margin) and "
+                f"met no rate; searching again from rate_min {self.spec_rate_min:.3g} req/s"
+            )
             run = self._search(endpoint, index, label, self.spec_rate_min)
         assert run.search is not None
         if run.search.boundary_rate is not None:
