@@ -56,7 +56,7 @@ def test_a_missed_warm_start_searches_again_from_rate_min_and_says_so(
     ep = probe.Endpoint("http://127.0.0.1:1", "m")
     d.run(ep, 0, "t run 1/2")
     run = d.run(ep, 1, "t run 2/2")
-    assert run.search.boundary_rate == 30.0
+    assert run.search is not None and run.search.boundary_rate == 30.0
     assert starts == [d.spec_rate_min, pytest.approx(36.0), d.spec_rate_min]
     (line,) = [x for x in lines if "searching again" in x]
     assert line.startswith("t run 2/2: started at 36 req/s")
