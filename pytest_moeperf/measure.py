@@ -338,6 +338,7 @@ class PerfTest:
             target=target,
             accuracy=accuracy,
             accuracy_gate=plan.accuracy,
+            refreshing=bool(options.value(self.config, "moeperf_refresh_baselines")),
         )
         self._verdicts = outcome.verdicts
         data["verdicts"] = [v.to_dict() for v in outcome.verdicts]

@@ -485,3 +485,32 @@ def test_readers_never_see_a_torn_file(tmp_path: Path) -> None:
         assert p.exitcode == 0
     results = [q.get(timeout=10) for _ in readers]
     assert results == [200] * 4, results
+
+
+# -- gates.compare on a missing baseline
+@pytest.mark.parametrize("ci_mode", [False, True])
+def test_missing_baseline_is_a_warning_or_a_ci_failure_naming_the_refresh(
+    tmp_path: Path, ci_mode: bool
+) -> None:
+    from pytest_moeperf import gates
+
+    store = BaselineStore(tmp_path)
+    out = gates.compare(store, "t.py::test_a", make_key(), {"slo_goodput_tok_s": [1.0, 2.0]},
+                        allow_other_hardware=False, ci_mode=ci_mode, target="t.py")  # fmt: skip
+    assert out.status == "missing"
+    (msg,) = out.failures if ci_mode else out.warnings
+    assert msg.startswith("no baseline for t.py::test_a at ")
+    assert "--moeperf-refresh-baselines" in msg
+
+
+@pytest.mark.parametrize("ci_mode", [False, True])
+def test_missing_baseline_while_refreshing_is_silent(tmp_path: Path, ci_mode: bool) -> None:
+    """The refresh run is creating it: no "create it with --moeperf-refresh-baselines" advice,
+    and no CI failure that would stop the refresh from writing it."""
+    from pytest_moeperf import gates
+
+    store = BaselineStore(tmp_path)
+    out = gates.compare(store, "t.py::test_a", make_key(), {"slo_goodput_tok_s": [1.0, 2.0]},
+                        allow_other_hardware=False, ci_mode=ci_mode, target="t.py",
+                        refreshing=True)  # fmt: skip
+    assert (out.status, out.failures, out.warnings) == ("missing", [], [])
