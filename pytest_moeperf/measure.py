@@ -373,7 +373,7 @@ class PerfTest:
     def _table(self, data: dict[str, Any]) -> str:
         from pytest_moeperf.report.table import format_verdict_table
 
-        lines = [f"{'metric':<20} {'center':>12} {'runs':>5}  unit"]
+        lines = [f"{'metric':<20} {'median':>12} {'runs':>5}  unit"]
         for name, e in data["metrics"].items():
             c = e["center"]
             text = "not measured" if c is None else f"{c:.4g}"
@@ -390,7 +390,11 @@ class PerfTest:
                              f"({v['metric']}): {v['reason']}")  # fmt: skip
         verdicts = getattr(self, "_verdicts", [])
         if verdicts:
-            lines.append(format_verdict_table(verdicts, title="vs baseline"))
+            lines.append(
+                format_verdict_table(
+                    verdicts, title="vs baseline (baseline, candidate: geometric means of the runs)"
+                )
+            )
         else:
             lines.append(f"baseline: {data['baseline']['status']} ({data['baseline']['path']})")
         return "\n".join(lines)
