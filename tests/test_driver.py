@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pytest_moeperf.load import probe
-from pytest_moeperf.load.driver import WARM_START_FACTOR, RunDriver
+from pytest_moeperf.load.driver import SWITCH_SETTLE_S, WARM_START_FACTOR, RunDriver
 from pytest_moeperf.metrics.energy import NotMeasuredMeter
 from pytest_moeperf.spec.loader import load_spec
 
@@ -17,11 +17,13 @@ SPEC = Path(__file__).parents[1] / "perf_tests" / "specs" / "cpu-smoke.yaml"
 
 
 def _driver(lines: list[str]) -> RunDriver:
+    """A driver on cpu-smoke.yaml whose settle pauses advance a fake clock (never real time)."""
     spec = load_spec(SPEC)
     assert spec.search is not None
+    clock = _Clock()
     return RunDriver(spec=spec, slo=spec.slo, meter=NotMeasuredMeter("test"), vocab_size=1024,
-                     mbu_inputs=None, probe_requests=8, max_probes=7,
-                     say=lines.append)  # fmt: skip
+                     mbu_inputs=None, probe_requests=8, max_probes=7, say=lines.append,
+                     clock=clock, sleep=clock.sleep)  # fmt: skip
 
 
 def _fake_search(monkeypatch: pytest.MonkeyPatch, boundaries: list[float | None]) -> list[float]:
@@ -72,3 +74,70 @@ def test_warm_starts_are_per_server(monkeypatch: pytest.MonkeyPatch) -> None:
         d.run(ep, i, "t")
     lo = d.spec_rate_min
     assert starts == [lo, lo, pytest.approx(36.0), pytest.approx(18.0)]
+
+
+class _Clock:
+    """A fake monotonic clock; ``sleep`` advances it and records the pause."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+def _timed_driver(clock: _Clock) -> RunDriver:
+    d = _driver([])
+    d.clock, d.sleep = clock, clock.sleep
+    return d
+
+
+def test_switching_servers_waits_out_the_previous_servers_idle_spin(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = _Clock()
+    d = _timed_driver(clock)
+    _fake_search(monkeypatch, [40.0, 40.0, 40.0, 40.0])
+    a, b = probe.Endpoint("http://127.0.0.1:1", "m"), probe.Endpoint("http://127.0.0.1:2", "m")
+    d.run(a, 0, "t")
+    assert clock.slept == []  # nothing ran before
+    d.run(a, 1, "t")
+    assert clock.slept == []  # same server: its own spin is no neighbour
+    clock.now += 0.5
+    d.run(b, 0, "t")
+    assert clock.slept == [pytest.approx(SWITCH_SETTLE_S - 0.5)]
+    clock.now += 10.0
+    d.run(a, 2, "t")  # the other server has long gone idle
+    assert len(clock.slept) == 1
+
+
+def test_a_warm_up_counts_as_load_on_its_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    d = _timed_driver(clock)
+    _fake_search(monkeypatch, [40.0])
+    monkeypatch.setattr(probe, "measure_fixed", lambda *a, **kw: None)
+    a, b = probe.Endpoint("http://127.0.0.1:1", "m"), probe.Endpoint("http://127.0.0.1:2", "m")
+    d.warm_up(a, "t")
+    d.run(b, 0, "t")
+    assert clock.slept == [pytest.approx(SWITCH_SETTLE_S)]
+
+
+def test_a_failed_run_still_counts_as_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _Clock()
+    d = _timed_driver(clock)
+
+    def boom(*a: Any, **kw: Any) -> Any:
+        raise RuntimeError("server died")
+
+    monkeypatch.setattr(probe, "measure_run", boom)
+    a, b = probe.Endpoint("http://127.0.0.1:1", "m"), probe.Endpoint("http://127.0.0.1:2", "m")
+    with pytest.raises(RuntimeError):
+        d.run(a, 0, "t")
+    _fake_search(monkeypatch, [40.0])
+    d.run(b, 0, "t")
+    assert clock.slept == [pytest.approx(SWITCH_SETTLE_S)]

@@ -6,6 +6,7 @@ over two servers), so both measure, warm-start and print progress the same way.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,12 @@ from pytest_moeperf.spec.model import Slo, Spec
 
 #: A search run starts just under the previous run's boundary on the same server.
 WARM_START_FACTOR = 0.9
+#: Pause before loading a server when the previous load went to another one. vLLM's workers
+#: busy-poll their shared-memory queue for 1 s after their last step (``SpinCondition``,
+#: ``busy_loop_s=1``); on the CPU backend every server's worker is bound to the same core, so a
+#: run that started inside that second lost half its throughput (a CPU A/B of identical kernels
+#: read -50 % for the side measured right after the other).
+SWITCH_SETTLE_S = 1.5
 
 
 @dataclass
@@ -32,7 +39,10 @@ class RunDriver:
     say: Callable[[str], None] = lambda line: None
     #: (endpoint, run number, probe number, rate) before each probe: the probe-start hook.
     probe_start: Callable[[Endpoint, int, int, float], None] | None = None
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
     _warm: dict[str, float] = field(default_factory=dict)
+    _last_load: tuple[str, float] | None = None  # (server URL, when its last load ended)
 
     @property
     def fixed_concurrency(self) -> int | None:
@@ -51,9 +61,11 @@ class RunDriver:
         from pytest_moeperf.load.probe import measure_fixed
 
         c = self.fixed_concurrency or 8
+        self._settle(endpoint)
         measure_fixed(endpoint, self.spec, self.slo, index=999, meter=NotMeasuredMeter("warm-up"),
                       vocab_size=self.vocab_size, concurrency=c, num_requests=2 * c,
                       mbu_inputs=None)  # fmt: skip
+        self._last_load = (endpoint.base_url, self.clock())
         self.say(f"{label}: warmed up ({2 * c} requests at concurrency {c}, not measured)")
 
     def run(
@@ -63,6 +75,23 @@ class RunDriver:
 
         ``concurrency`` forces a fixed-load run (a sweep level) whatever the spec says.
         """
+        self._settle(endpoint)
+        try:
+            return self._run(endpoint, index, label, concurrency)
+        finally:
+            self._last_load = (endpoint.base_url, self.clock())
+
+    def _settle(self, endpoint: Endpoint) -> None:
+        """Wait out the previous server's idle spin when the load moves to another server."""
+        if self._last_load is None or self._last_load[0] == endpoint.base_url:
+            return
+        left = SWITCH_SETTLE_S - (self.clock() - self._last_load[1])
+        if left > 0:
+            self.sleep(left)
+
+    def _run(
+        self, endpoint: Endpoint, index: int, label: str, concurrency: int | None
+    ) -> RunMeasurement:
         from pytest_moeperf.load.probe import measure_fixed
 
         level = concurrency or self.fixed_concurrency
