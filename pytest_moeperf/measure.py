@@ -368,7 +368,8 @@ class PerfTest:
                 complete=why is None, why_incomplete=why)  # fmt: skip
             data["baseline"]["status"] = status.split(":")[0]
             data["baseline"]["refresh"] = status
-            self.session.warn(f"{test_id}: baseline {status}")
+            if not status.startswith("written"):  # written: the table says so already
+                self.session.warn(f"{test_id}: baseline {status}")
 
     def _table(self, data: dict[str, Any]) -> str:
         from pytest_moeperf.report.table import format_verdict_table
