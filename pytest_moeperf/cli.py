@@ -6,8 +6,9 @@ or re-render without re-measuring.
 
 from __future__ import annotations
 
+import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 USAGE = """usage: moeperf COMMAND ...
 
@@ -15,6 +16,24 @@ commands:
   compare A.json B.json   compare two baseline files; exit 1 on a regression
   report RUN.json ...     render an HTML + Markdown report from session results files
 """
+
+
+def parse_then_run(
+    prog: str,
+    description: str,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], int],
+    argv: Sequence[str] | None,
+) -> int:
+    """One sub-command's entry point: argparse's exits become return codes (0 after --help,
+    2 on a bad option), so callers and tests get an int, never SystemExit."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_arguments(parser)
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 2
+    return run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -93,16 +93,15 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point for the arguments after ``compare``; never raises SystemExit."""
-    parser = argparse.ArgumentParser(
-        prog="moeperf compare",
-        description="Judge every metric of B against A with the plugin's verdict rule.",
+    from pytest_moeperf.cli import parse_then_run
+
+    return parse_then_run(
+        "moeperf compare",
+        "Judge every metric of B against A with the plugin's verdict rule.",
+        add_arguments,
+        run,
+        argv,
     )
-    add_arguments(parser)
-    try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
-    except SystemExit as e:  # argparse: 0 after --help, 2 on a bad option
-        return e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
-    return run(args)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -44,3 +45,22 @@ def cpu_server(
         yield factory(embedded_model, CPU_SERVER_ARGS, name="shared")
     finally:
         factory.stop_all()
+
+
+@pytest.fixture
+def serve() -> Iterator[Any]:
+    """serve(**ServerConfig fields) -> (base_url, server): synthetic SSE servers (client and
+    runner unit tests), stopped at teardown."""
+    from sse_helpers import sse
+
+    servers: list[Any] = []
+
+    def start(**cfg: Any) -> tuple[str, Any]:
+        srv = sse.SSEServer(sse.ServerConfig(**cfg))
+        port = srv.run_in_thread()
+        servers.append(srv)
+        return f"http://127.0.0.1:{port}", srv
+
+    yield start
+    for srv in servers:
+        srv.stop_thread()

@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import socket
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from sse_helpers import Serve
 
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.load.client import (
@@ -26,38 +22,6 @@ from pytest_moeperf.load.client import (
     stream_completion,
 )
 from pytest_moeperf.load.records import RequestRecord, RequestSpec
-
-
-def load_sse_server() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "sse_server.py"
-    if "sse_server" in sys.modules:
-        return sys.modules["sse_server"]
-    spec = importlib.util.spec_from_file_location("sse_server", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["sse_server"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sse = load_sse_server()
-Serve = Callable[..., tuple[str, Any]]
-
-
-@pytest.fixture
-def serve() -> Iterator[Serve]:
-    """serve(**ServerConfig fields) -> (base_url, server); servers stop at teardown."""
-    servers: list[Any] = []
-
-    def start(**cfg: Any) -> tuple[str, Any]:
-        srv = sse.SSEServer(sse.ServerConfig(**cfg))
-        port = srv.run_in_thread()
-        servers.append(srv)
-        return f"http://127.0.0.1:{port}", srv
-
-    yield start
-    for srv in servers:
-        srv.stop_thread()
 
 
 def spec(n_out: int = 8, index: int = 0, n_in: int = 5) -> RequestSpec:

@@ -8,15 +8,10 @@ server's ``--max-model-len``, which vLLM answers with HTTP 400.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import pytest
+from sse_helpers import Serve
 
 from pytest_moeperf.load.records import RequestSpec
 from pytest_moeperf.load.runner import run_load
@@ -28,39 +23,9 @@ from pytest_moeperf.spec.model import Slo
 SLO = Slo(ttft_p99_ms=1000.0, tpot_p99_ms=100.0)
 
 
-def _load_sse_server() -> ModuleType:
-    if "sse_server" in sys.modules:
-        return sys.modules["sse_server"]
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "sse_server.py"
-    spec = importlib.util.spec_from_file_location("sse_server", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["sse_server"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sse = _load_sse_server()
-
-
-@pytest.fixture
-def serve() -> Iterator[Callable[..., str]]:
-    servers: list[Any] = []
-
-    def start(**cfg: Any) -> str:
-        srv = sse.SSEServer(sse.ServerConfig(**cfg))
-        port = srv.run_in_thread()
-        servers.append(srv)
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for srv in servers:
-        srv.stop_thread()
-
-
-def test_failed_requests_are_counted_reported_and_slo_misses(serve: Callable[..., str]) -> None:
+def test_failed_requests_are_counted_reported_and_slo_misses(serve: Serve) -> None:
     faults = {3: "http_500", 8: "cut", 13: "stall"}
-    url = serve(delay_s=0.005, faults=faults)
+    url, _ = serve(delay_s=0.005, faults=faults)
     # The first prompt id is the index: the server keys its faults by it.
     reqs = [RequestSpec(i, 0.02 * i, (i, 1, 2, 3), 8) for i in range(24)]
     run = run_load(url, "m", reqs, mode="poisson", target=50.0, request_timeout_s=1.0)

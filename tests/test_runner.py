@@ -3,52 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import socket
-import sys
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from sse_helpers import Serve
 
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.load.arrivals import arrival_offsets
 from pytest_moeperf.load.records import RequestRecord, RequestSpec, RunRecord
 from pytest_moeperf.load.runner import default_workers, run_load
-
-
-def _load_sse_server() -> ModuleType:
-    if "sse_server" in sys.modules:
-        return sys.modules["sse_server"]
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "sse_server.py"
-    spec = importlib.util.spec_from_file_location("sse_server", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["sse_server"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sse = _load_sse_server()
-Serve = Callable[..., tuple[str, Any]]
-
-
-@pytest.fixture
-def serve() -> Iterator[Serve]:
-    servers: list[Any] = []
-
-    def start(**cfg: Any) -> tuple[str, Any]:
-        srv = sse.SSEServer(sse.ServerConfig(**cfg))
-        port = srv.run_in_thread()
-        servers.append(srv)
-        return f"http://127.0.0.1:{port}", srv
-
-    yield start
-    for srv in servers:
-        srv.stop_thread()
 
 
 def specs(n: int, n_out: int = 8, arrivals: list[float] | None = None) -> list[RequestSpec]:
