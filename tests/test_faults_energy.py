@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sse_helpers import sse
 from test_energy import FakeNvml
-from test_faults_requests import sse
 
 from pytest_moeperf.load.probe import Endpoint, RunMeasurement, measure_run
 from pytest_moeperf.metrics.energy import (
