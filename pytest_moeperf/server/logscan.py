@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-_LOADED = re.compile(r"Using configuration from (?P<path>\S+\.json) for MoE layer")
+_LOADED = re.compile(r"Using configuration from (?P<path>.+?\.json) for MoE layer")
 _DEFAULT = re.compile(r"Using default MoE config\..*?Config file not found at (?P<paths>.+?)\s*$")
 _CPU_BACKEND = re.compile(r"Using CPU\w* MoE backend|CPUUnquantizedExperts|CPU .*MoE backend")
 _VERSION = re.compile(
@@ -60,7 +60,8 @@ def scan_moe_config(log_text: str) -> MoeConfigObservation:
             backend = "triton"
         elif m := _DEFAULT.search(line):
             default_used = True
-            searched.extend(p.strip() for p in m["paths"].split(",") if p.strip())
+            # vLLM joins with ", "; the file names themselves contain "," (E=..,N=..).
+            searched.extend(p.strip() for p in m["paths"].split(", ") if p.strip())
             evidence.append(line.strip())
             backend = "triton"
         elif _CPU_BACKEND.search(line) and backend == "unknown":
