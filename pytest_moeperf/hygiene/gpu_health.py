@@ -96,28 +96,34 @@ def ecc(nv: Nvml, h: Any, p: str) -> HygieneCheck:
             value,
             text + f"; a change to {'on' if pending else 'off'} waits for reboot",
         )
+    if cur and unc is None:  # ECC on but its error count unread: not a clean bill of health
+        return HygieneCheck(f"{p}.ecc", UNKNOWN, value, text)
     return HygieneCheck(f"{p}.ecc", OK, value, text)
 
 
 def retired_pages(nv: Nvml, h: Any, p: str) -> HygieneCheck:
     """Page retirement (before Ampere); newer GPUs remap rows instead and report NotSupported."""
     sbe, err = nv.get("nvmlDeviceGetRetiredPages", h, 0)  # multiple single-bit ECC errors
-    dbe, _ = nv.get("nvmlDeviceGetRetiredPages", h, 1)  # double-bit ECC error
-    pending, _ = nv.get("nvmlDeviceGetRetiredPagesPendingStatus", h)
+    dbe, err2 = nv.get("nvmlDeviceGetRetiredPages", h, 1)  # double-bit ECC error
+    pending, err3 = nv.get("nvmlDeviceGetRetiredPagesPendingStatus", h)
     if sbe is None and dbe is None:
         return HygieneCheck(
             f"{p}.retired_pages", UNKNOWN, None, f"{err} (GPUs from Ampere on remap rows instead)"
         )
-    value = {
-        "single_bit": len(sbe or []),
-        "double_bit": len(dbe or []),
+    value = {  # None: not read (never a made-up 0)
+        "single_bit": None if sbe is None else len(sbe),
+        "double_bit": None if dbe is None else len(dbe),
         "pending": None if pending is None else bool(pending),
     }
-    text = f"{value['single_bit']} single-bit, {value['double_bit']} double-bit retired page(s)"
+    n1, n2 = ("?" if n is None else n for n in (value["single_bit"], value["double_bit"]))
+    text = f"{n1} single-bit, {n2} double-bit retired page(s)"
     if pending:
         return HygieneCheck(
             f"{p}.retired_pages", WARN, value, text + "; a retirement is pending: reset the GPU"
         )
+    unread = [e for e in (err, err2, err3) if e]
+    if unread:
+        return HygieneCheck(f"{p}.retired_pages", UNKNOWN, value, f"{text}; {'; '.join(unread)}")
     return HygieneCheck(f"{p}.retired_pages", OK, value, text)
 
 
