@@ -44,20 +44,20 @@ def compare(
     from pytest_moeperf.verdict import judge_all
 
     hint = REFRESH_HINT.format(target=target)
-    try:
-        baseline = store.load(test_id, key)
-    except UsageError as exc:
-        out = BaselineOutcome("unreadable", str(store.path_for(test_id, key)))
-        out.failures.append(str(exc))
-        return out
     path = str(store.path_for(test_id, key))
-    if baseline is None:
-        others = store.find_other_keys(test_id, exclude=key)
-        usable = [o for o in others if not o.hardware_mismatches(key)]
-        if others and allow_other_hardware:
+    try:  # every file read is here: a corrupt baseline of another setup is unreadable too
+        baseline = store.load(test_id, key)
+        others = [] if baseline is not None else store.find_other_keys(test_id, exclude=key)
+        if baseline is None and others and allow_other_hardware:
             baseline = store.load(test_id, others[0])
             path = str(store.path_for(test_id, others[0]))
-        elif others:
+    except UsageError as exc:
+        out = BaselineOutcome("unreadable", path)
+        out.failures.append(str(exc))
+        return out
+    if baseline is None:
+        usable = [o for o in others if not o.hardware_mismatches(key)]
+        if others and not allow_other_hardware:
             text = (
                 key.describe_mismatches(others[0])
                 if not usable
