@@ -140,9 +140,10 @@ def changed_config_files(repo: Path, git_range: str) -> list[ChangedConfig]:
     """MoE config files added, deleted or modified in ``git_range``, sorted by path.
 
     Renames are reported as a delete plus an add: vLLM looks files up by name, so a rename is
-    two different configs. Skipped: names that are not valid vLLM config names, and
-    ``,backend=...`` files (FlyDSL), which vLLM never reads from a tuned folder. A single
-    revision compares it with the working tree (tracked files only).
+    two different configs. Skipped: names that are not valid vLLM config names,
+    ``,backend=...`` files (FlyDSL), which vLLM never reads from a tuned folder, and mode-only
+    changes (same bytes). A single revision compares it with the working tree (tracked files
+    only).
     """
     top = _check_repo(repo)
     base, head = _split_range(top, git_range)
@@ -173,6 +174,8 @@ def changed_config_files(repo: Path, git_range: str) -> list[ChangedConfig]:
                 head_text = (top / path).read_text(encoding="utf-8", errors="replace")
             else:
                 head_text = _show(top, head, path)
+        if status == "modified" and base_text == head_text:
+            continue  # mode-only change (chmod): vLLM reads the same bytes
         out.append(
             ChangedConfig(
                 path,
