@@ -102,9 +102,27 @@ class SpecChoice:
 
 
 def where(item: pytest.Item, marker: str) -> str:
+    """``marker @pytest.mark.X on FILE:LINE (test)``, LINE the marker's own decorator line when
+    it sits on the test function (else the test's line: a class or module ``pytestmark``)."""
     path, lineno, _ = item.location
-    line = f":{lineno + 1}" if lineno is not None else ""
+    own = _decorator_line(item, marker)
+    line = f":{own}" if own is not None else (f":{lineno + 1}" if lineno is not None else "")
     return f"marker @pytest.mark.{marker} on {path}{line} ({item.name})"
+
+
+def _decorator_line(item: pytest.Item, marker: str) -> int | None:
+    """1-based line of ``@pytest.mark.<marker>`` among the test function's decorators."""
+    try:
+        lines, start = inspect.getsourcelines(getattr(item, "obj", None))  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return None
+    for offset, text in enumerate(lines):
+        stripped = text.lstrip()
+        if stripped.startswith(("def ", "async def ")):
+            return None
+        if f"mark.{marker}" in stripped:
+            return start + offset
+    return None
 
 
 def _bind(item: pytest.Item, name: str) -> tuple[inspect.BoundArguments, str] | None:

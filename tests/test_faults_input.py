@@ -86,7 +86,7 @@ def _one_line(result: pytest.RunResult, *needles: str) -> str:
 # -- markers ----------------------------------------------------------------------------------
 def test_unknown_marker_keyword(pytester: pytest.Pytester) -> None:
     result = _run(pytester, "@pytest.mark.moeperf_slo(ttft_p99_ms=100, tpot_ms=5)")
-    _one_line(result, "marker @pytest.mark.moeperf_slo on test_it.py:6 (test_it): keyword "
+    _one_line(result, "marker @pytest.mark.moeperf_slo on test_it.py:7 (test_it): keyword "
               "tpot_ms = 5: is not an argument of @pytest.mark.moeperf_slo",
               "Fix: use @pytest.mark.moeperf_slo(", "(did you mean 'tpot_p99_ms'?)")  # fmt: skip
 
@@ -218,3 +218,28 @@ def test_valid_inputs_reach_the_server_start(
     result = _run(pytester)
     result.assert_outcomes(failed=1)
     assert "SERVER WOULD START" in result.stdout.str()
+
+
+def test_a_marker_error_points_at_the_markers_own_line(pytester: pytest.Pytester) -> None:
+    """Three decorators: the error names the line of the bad one (8), not the first (6)."""
+    result = _run(pytester, "@pytest.mark.filterwarnings('ignore')\n"
+                            "@pytest.mark.moeperf_slo(ttft_p99_ms=100, tpot_ms=5)")  # fmt: skip
+    _one_line(result, "marker @pytest.mark.moeperf_slo on test_it.py:8 (test_it): keyword tpot_ms")
+
+
+def test_a_class_level_marker_error_points_at_the_test(pytester: pytest.Pytester) -> None:
+    """``pytestmark`` on a class has no decorator on the function: the test's own line."""
+    pytester.makeconftest(GUARD)
+    pytester.path.joinpath("spec.yaml").write_text(SPEC)
+    pytester.makepyfile(test_it="""\
+import pytest
+
+
+@pytest.mark.moeperf_slo(ttft_p99_ms=100, tpot_ms=5)
+class TestIt:
+    @pytest.mark.moeperf_spec("spec.yaml")
+    def test_it(self, moeperf):
+        moeperf.run()
+""")  # fmt: skip
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rN")
+    _one_line(result, "marker @pytest.mark.moeperf_slo on test_it.py:6 (test_it): keyword tpot_ms")

@@ -158,7 +158,7 @@ def test_options_are_checked_only_for_tests_that_start_servers(
 # -- MoE config folders and files --------------------------------------------------------------
 def test_moe_config_folder_that_does_not_exist(pytester: pytest.Pytester) -> None:
     result = _run(pytester, SPEC_MARK + '\n@pytest.mark.moeperf_moe_config("configs/gone")')
-    _one_line(result, "marker @pytest.mark.moeperf_moe_config on test_it.py:6 (test_it): folder "
+    _one_line(result, "marker @pytest.mark.moeperf_moe_config on test_it.py:7 (test_it): folder "
               f"= 'configs/gone': no such directory ({pytester.path / 'configs' / 'gone'})",
               "Fix: point folder at a directory")  # fmt: skip
 
@@ -169,7 +169,7 @@ def test_moe_config_file_in_the_folder_is_truncated(pytester: pytest.Pytester) -
     folder.mkdir()
     (folder / CONFIG_NAME).write_text('{"1": {"BLOCK_SIZE_M": 16, "BLOCK_')
     result = _run(pytester, SPEC_MARK + '\n@pytest.mark.moeperf_moe_config("tuned")')
-    _one_line(result, "marker @pytest.mark.moeperf_moe_config on test_it.py:6 (test_it), file "
+    _one_line(result, "marker @pytest.mark.moeperf_moe_config on test_it.py:7 (test_it), file "
               f"{folder / CONFIG_NAME}: JSON = 'line 1 column 28'", "invalid JSON")  # fmt: skip
 
 
