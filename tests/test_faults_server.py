@@ -192,6 +192,13 @@ def test_health_never_ready_is_a_clear_timeout_with_the_log_tail(
     _wait_gone(int((pytester.path / "pgid.txt").read_text()), 10)
 
 
+def _sigint_default() -> None:
+    """A job started in the background by a non-interactive shell (``cmd &``) inherits SIGINT
+    *ignored*, and Python then never raises KeyboardInterrupt: give the pytest under test the
+    default disposition a terminal's Ctrl-C meets."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupting_pytest_mid_probe_leaves_no_vllm_process(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, embedded_model: Path,
@@ -204,7 +211,7 @@ def test_interrupting_pytest_mid_probe_leaves_no_vllm_process(
     log = pytester.path / "pytest.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT,
-                                env=dict(os.environ))  # fmt: skip
+                                env=dict(os.environ), preexec_fn=_sigint_default)  # fmt: skip
     try:
         deadline = time.monotonic() + 600
         while not _probes(perf_run):
