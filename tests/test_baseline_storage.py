@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from baseline_helpers import PROV, make_key
 
 import pytest_moeperf
 from pytest_moeperf.baseline import (
@@ -28,35 +29,6 @@ from pytest_moeperf.baseline import (
 from pytest_moeperf.errors import UsageError
 
 TEST_ID = "tests/perf/test_moe.py::test_goodput[qwen-moe/tp2-1024]"
-
-
-def make_key(**over: Any) -> BaselineKey:
-    fields: dict[str, Any] = {
-        "backend": "cuda",
-        "gpu_name": "NVIDIA H200",
-        "gpu_count": 2,
-        "driver": "570.86",
-        "cuda": "12.8",
-        "vllm_version": "0.9.1",
-        "model": "Qwen/Qwen3-30B-A3B",
-        "dtype": "bfloat16",
-        "tp": 2,
-        "dp": 1,
-        "spec_hash": "abc123",
-        "moe_config_hash": "def456",
-    }
-    fields.update(over)
-    return BaselineKey(**fields)
-
-
-PROV = Provenance(
-    commit="0123abcd",
-    date="2026-05-01T10:00:00+00:00",
-    host="ci-1",
-    command="pytest -k goodput",
-    reason="initial",
-    plugin_version="0.1.0",
-)
 
 
 def make_baseline(

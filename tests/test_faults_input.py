@@ -13,74 +13,29 @@ import json
 from pathlib import Path
 
 import pytest
+from preflight_helpers import (
+    CONFIG_NAME,
+    GUARD,
+    SPEC,
+    SPEC_MARK,
+    one_error_line,
+    run_perf_test,
+)
 
 pytest_plugins = ["pytester"]
 
-GUARD = """
-def pytest_moeperf_server_command(config, command):
-    raise AssertionError("SERVER WOULD START")
-
-
-def pytest_moeperf_probe_start(config, nodeid, run_number, probe_number, rate, server_pid):
-    raise AssertionError("SERVER WOULD START")
-"""
-
-SPEC = """\
-name: tiny
-model:
-  path: embedded
-  dtype: bfloat16
-  max_model_len: 1024
-workload:
-  trace: fixed
-  num_requests: 16
-  seed: 0
-  input_tokens: 64
-  output_tokens: 16
-arrival:
-  process: poisson
-  rate: 2.0
-slo:
-  ttft_p99_ms: 2000
-  tpot_p99_ms: 200
-runs: 1
-"""
-
-TEST = """\
-from pathlib import Path
-
-import pytest
-
-
-{markers}
-def test_it(moeperf):
-    moeperf.run()
-"""
 
 TILE = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
         "num_warps": 4, "num_stages": 3}  # fmt: skip
-CONFIG_NAME = "E=16,N=128,device_name=NVIDIA_H200.json"
 
 
 def _run(pytester: pytest.Pytester, markers: str = "", spec: str = SPEC,
          args: tuple[str, ...] = ()) -> pytest.RunResult:  # fmt: skip
-    pytester.makeconftest(GUARD)
-    pytester.path.joinpath("spec.yaml").write_text(spec)
-    marks = '@pytest.mark.moeperf_spec("spec.yaml")\n' + markers
-    pytester.makepyfile(test_it=TEST.format(markers=marks.rstrip("\n")))
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rN", *args)
+    """The spec marker plus ``markers``."""
+    return run_perf_test(pytester, SPEC_MARK + "\n" + markers, spec, args)
 
 
-def _one_line(result: pytest.RunResult, *needles: str) -> str:
-    """The run errored in setup with exactly one line holding every needle, and no traceback."""
-    out = result.stdout.str() + result.stderr.str()
-    assert "SERVER WOULD START" not in out, out
-    assert "Traceback" not in out and "raise " not in out, out
-    result.assert_outcomes(errors=1)
-    lines = [line for line in out.splitlines() if all(n in line for n in needles)]
-    assert len(lines) == 1, f"want one line with {needles}, got {lines}:\n{out}"
-    assert "Fix:" in lines[0], lines[0]
-    return lines[0]
+_one_line = one_error_line
 
 
 # -- markers ----------------------------------------------------------------------------------
@@ -168,7 +123,7 @@ def _baseline_text() -> str:
     """A complete, valid baseline file (so only the one planted fault is wrong)."""
     from pytest_moeperf.baseline import Baseline, BaselineKey, Provenance
 
-    key = BaselineKey(backend="cpu", gpu_name="cpu", gpu_count=0, driver=None, cuda=None,
+    key = BaselineKey(backend="cpu", gpu_name="cpu", gpu_count=0, driver="none", cuda="none",
                       vllm_version="0.32.0", model="embedded", dtype="bfloat16", tp=1, dp=1,
                       spec_hash="0" * 16, moe_config_hash="in-tree")  # fmt: skip
     prov = Provenance("abc", "2026-01-01T00:00:00+00:00", "h", "pytest", "test", "0.1.0")

@@ -12,44 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from baseline_helpers import PROV, make_key
 
 from pytest_moeperf import gates
 from pytest_moeperf.accuracy import AccuracyResult, QuestionOutcome
-from pytest_moeperf.baseline import Baseline, BaselineKey, BaselineStore, Provenance
+from pytest_moeperf.baseline import Baseline, BaselineKey, BaselineStore
 from pytest_moeperf.markers import AccuracyGate
 
 TEST_ID = "tests/perf/test_moe.py::test_goodput[qwen-moe]"
 TARGET = "tests/perf/test_moe.py"
 NOISE = [1.0, 1.004, 0.997, 1.002, 0.999, 1.001, 0.998, 1.003, 0.996, 1.0]
-PROV = Provenance(
-    commit="0123abcd",
-    date="2026-05-01T10:00:00+00:00",
-    host="ci-1",
-    command="pytest -k goodput",
-    reason="initial",
-    plugin_version="0.1.0",
-)
 Runs = dict[str, list[float]]
 GATE = AccuracyGate("gsm8k", 5, 1.0, None, "marker @pytest.mark.moeperf_accuracy on t.py:3")
-
-
-def make_key(**over: Any) -> BaselineKey:
-    fields: dict[str, Any] = {
-        "backend": "cuda",
-        "gpu_name": "NVIDIA H200",
-        "gpu_count": 2,
-        "driver": "570.86",
-        "cuda": "12.8",
-        "vllm_version": "0.9.1",
-        "model": "Qwen/Qwen3-30B-A3B",
-        "dtype": "bfloat16",
-        "tp": 2,
-        "dp": 1,
-        "spec_hash": "abc123",
-        "moe_config_hash": "def456",
-    }
-    fields.update(over)
-    return BaselineKey(**fields)
 
 
 def runs(goodput: float = 1000.0, ttft: float = 120.0, power: float = 500.0) -> Runs:

@@ -14,77 +14,28 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from preflight_helpers import (
+    CONFIG_NAME,
+    GUARD,
+    SPEC,
+    SPEC_MARK,
+    TEST,
+    one_error_line,
+    run_perf_test,
+)
 
 from pytest_moeperf import preflight
 from pytest_moeperf.errors import UsageError
 
 pytest_plugins = ["pytester"]
 
-GUARD = """
-def pytest_moeperf_server_command(config, command):
-    raise AssertionError("SERVER WOULD START")
-
-
-def pytest_moeperf_probe_start(config, nodeid, run_number, probe_number, rate, server_pid):
-    raise AssertionError("SERVER WOULD START")
-"""
-
-SPEC = """\
-name: tiny
-model:
-  path: embedded
-  dtype: bfloat16
-  max_model_len: 1024
-workload:
-  trace: fixed
-  num_requests: 16
-  seed: 0
-  input_tokens: 64
-  output_tokens: 16
-arrival:
-  process: poisson
-  rate: 2.0
-slo:
-  ttft_p99_ms: 2000
-  tpot_p99_ms: 200
-runs: 1
-"""
-
-TEST = """\
-from pathlib import Path
-
-import pytest
-
-
-{markers}
-def test_it(moeperf):
-    moeperf.run()
-"""
-
-CONFIG_NAME = "E=16,N=128,device_name=NVIDIA_H200.json"
-SPEC_MARK = '@pytest.mark.moeperf_spec("spec.yaml")'
-
 
 def _run(pytester: pytest.Pytester, markers: str = SPEC_MARK, spec: str = SPEC,
          args: tuple[str, ...] = ()) -> pytest.RunResult:  # fmt: skip
-    """One perf test with a guard conftest, in a fresh interpreter as a user would run it."""
-    pytester.makeconftest(GUARD)
-    pytester.path.joinpath("spec.yaml").write_text(spec)
-    pytester.makepyfile(test_it=TEST.format(markers=markers))
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rN", *args)
+    return run_perf_test(pytester, markers, spec, args)
 
 
-def _one_line(result: pytest.RunResult, *needles: str) -> str:
-    """Setup errored, quickly and with no server, in exactly one line holding every needle."""
-    out = result.stdout.str() + result.stderr.str()
-    assert "SERVER WOULD START" not in out, out
-    assert "Traceback" not in out, out
-    result.assert_outcomes(errors=1)
-    assert result.duration < 60, f"preflight took {result.duration:.0f} s: a server started?"
-    lines = [line for line in out.splitlines() if all(n in line for n in needles)]
-    assert len(lines) == 1, f"want one line with {needles}, got {lines}:\n{out}"
-    assert "Fix:" in lines[0], lines[0]
-    return lines[0]
+_one_line = one_error_line
 
 
 def _baseline_dir(root: Path, test_id: str = "test_it.py::test_it") -> Path:
