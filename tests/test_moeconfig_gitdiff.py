@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from git_helpers import commit, git, put
 
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.moeconfig.folder import IN_TREE, lay_out_config_folder
@@ -31,41 +31,6 @@ TILE = {
 
 def cfg(bm: int = 16) -> str:
     return json.dumps({"1": {**TILE, "BLOCK_SIZE_M": bm}}, indent=4) + "\n"
-
-
-def git(repo: Path, *args: str) -> str:
-    r = subprocess.run(
-        [
-            "git",
-            "-C",
-            str(repo),
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@example.com",
-            "-c",
-            "commit.gpgsign=false",
-            "-c",
-            "init.defaultBranch=main",
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return r.stdout.strip()
-
-
-def put(repo: Path, rel: str, text: str) -> None:
-    p = repo / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
-
-
-def commit(repo: Path, msg: str) -> str:
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "-m", msg)
-    return git(repo, "rev-parse", "HEAD")
 
 
 @pytest.fixture

@@ -11,11 +11,11 @@ import json
 import os
 import random
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+from git_helpers import commit, git, put
 
 from pytest_moeperf.ab.interleave import run_interleaved, schedule, sweep_order
 from pytest_moeperf.errors import UsageError
@@ -59,29 +59,6 @@ def git_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
     for var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         monkeypatch.delenv(var, raising=False)
-
-
-def git(repo: Path, *args: str) -> str:
-    r = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com",
-         "-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    )  # fmt: skip
-    return r.stdout.strip()
-
-
-def put(repo: Path, rel: str, text: str) -> None:
-    p = repo / rel
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(text)
-
-
-def commit(repo: Path, msg: str) -> str:
-    git(repo, "add", "-A")
-    git(repo, "commit", "-q", "--allow-empty", "-m", msg)
-    return git(repo, "rev-parse", "HEAD")
 
 
 @pytest.fixture
