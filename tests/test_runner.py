@@ -109,7 +109,11 @@ def test_should_abort_cancels_in_flight_and_stops_sending(serve: Serve) -> None:
     assert run.aborted_early
     assert run.abort_reason == "p99 TTFT already over the SLO"
     assert len(run.requests) < 100  # never-sent requests have no record
-    assert srv.stats.requests == len(run.requests)
+    # A request cancelled while its bytes are on the wire may or may not be counted by the
+    # server; every completed one was, and nothing without a record is sent after the abort.
+    time.sleep(0.2)  # ten more arrivals would have been due by now
+    ok = sum(r.status == "ok" for r in run.requests)
+    assert ok <= srv.stats.requests <= len(run.requests)
     statuses = {r.status for r in run.requests}
     assert statuses == {"ok", "cancelled"}
     assert run.duration_s < 1.0
