@@ -131,8 +131,7 @@ class Driver:
         except asyncio.CancelledError:
             if not self.aborted:
                 raise
-        while tasks:
-            await asyncio.gather(*tasks)
+        await drain(tasks)
 
     def _task_done(self, task: asyncio.Task[RequestRecord]) -> None:
         if not task.cancelled() and task.exception() is None:
@@ -149,6 +148,19 @@ class Driver:
                 self.on_record(rec)
 
         await asyncio.gather(*(slot() for _ in range(max(1, self.cfg.slots))))
+
+
+async def drain(tasks: set[asyncio.Task[RequestRecord]]) -> None:
+    """Wait until every task in ``tasks`` is done, whether or not it has left the set yet.
+
+    Not ``while tasks: await gather(*tasks)``: a finished task leaves the set in a done callback
+    that runs on a later loop iteration, and since Python 3.12 ``gather`` of tasks that are all
+    done returns an already-finished future, so that ``await`` never yields and the callbacks
+    never run. On the H200 (Python 3.12) an aborted probe spun there for 15 minutes.
+    """
+    while pending := {t for t in tasks if not t.done()}:
+        await asyncio.wait(pending)
+    await asyncio.sleep(0)  # one iteration: the done callbacks (records) of the last ones run
 
 
 def quiet_gc() -> tuple[int, int, int]:
