@@ -1,10 +1,13 @@
-"""End to end on the real vLLM CPU server: refresh a baseline, pass against it, catch a slowdown.
+"""End to end on the real vLLM CPU server: refresh a baseline, then catch a slowdown against it.
 
-Three pytest runs in subprocesses (pytester), each starting a real server on the embedded model:
+Two pytest runs in subprocesses (pytester), each starting a real server on the embedded model:
 1. ``--moeperf-refresh-baselines`` writes the baseline from 3 complete runs;
-2. the same test passes against it (no metric regressed);
-3. an injected slowdown (``--max-num-seqs 1`` appended through the server-command hook, which
-   keeps the baseline key) is reported as regressed and fails the test.
+2. an injected slowdown (``--max-num-seqs 1`` appended through the server-command hook, which
+   keeps the baseline key) is reported as regressed and fails the test, and the refresh flag
+   it also carries does not touch the baseline.
+
+That an unchanged server passes against its fresh baseline is ``tests/test_tutorial.py``'s second
+block (same flow, the shipped spec), so it is not paid for twice.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def pytest_moeperf_server_command(config, command):
 """
 
 
-def test_refresh_then_pass_then_regressed(pytester: pytest.Pytester,
+def test_refresh_then_regressed(pytester: pytest.Pytester,
                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     pytester.makefile(".yaml", e2e=SPEC)
     pytester.makepyfile(test_e2e=TEST)
@@ -66,19 +69,10 @@ def test_refresh_then_pass_then_regressed(pytester: pytest.Pytester,
     assert len(stored["metrics"]["slo_goodput_tok_s"]) == 3
     before = files[0].read_bytes()
 
-    second = pytester.runpytest_subprocess(*common, timeout=900)
-    second.assert_outcomes(passed=1)
-    data = json.loads(results.read_text())["results"][0]
-    assert data["baseline"]["status"] == "compared"
-    hygiene = {c["name"]: c for c in data["hygiene"]["checks"]}  # every result records hygiene
-    assert len(hygiene["host.other_servers"]["value"]["this_session"]) == 1  # its server: ours
-    outcomes = {v["metric"]: v["outcome"] for v in data["verdicts"]}
-    assert "slo_goodput_tok_s" in outcomes and outcomes["slo_goodput_tok_s"] != "regressed"
-
     monkeypatch.setenv("E2E_SLOWDOWN", "1")
-    third = pytester.runpytest_subprocess(*common, "--moeperf-refresh-baselines", timeout=900)
-    third.assert_outcomes(failed=1)
-    third.stdout.fnmatch_lines(["*regressed*", "*baseline not-written: the test failed*"])
+    second = pytester.runpytest_subprocess(*common, "--moeperf-refresh-baselines", timeout=900)
+    second.assert_outcomes(failed=1)
+    second.stdout.fnmatch_lines(["*regressed*", "*baseline not-written: the test failed*"])
     data = json.loads(results.read_text())["results"][0]
     outcomes = {v["metric"]: v["outcome"] for v in data["verdicts"]}
     assert "regressed" in outcomes.values(), outcomes

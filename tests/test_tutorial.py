@@ -76,6 +76,8 @@ def test_tutorial_runs_as_written(checkout: Path) -> None:
     assert data["baseline"]["status"] == "compared"
     assert {v["metric"] for v in data["verdicts"]} >= {"slo_goodput_tok_s", "tpot_p99_ms"}
     assert "vs baseline" in second.stdout
+    hygiene = {c["name"]: c for c in data["hygiene"]["checks"]}  # every result records hygiene
+    assert len(hygiene["host.other_servers"]["value"]["this_session"]) == 1  # its server: ours
     html = (checkout / "moeperf-results" / "nightly.html").read_text()
     assert "data:image/svg+xml;base64," in html  # charts embedded: no network to view it
     assert (checkout / "moeperf-results" / "nightly.md").is_file()
