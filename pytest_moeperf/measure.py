@@ -202,7 +202,7 @@ class PerfTest:
 
     def driver(self, plan: Plan, model_dir: Path | None, env: Any) -> RunDriver:
         """The run driver: meter (hook or NVML), prompt vocabulary, MBU inputs, progress."""
-        from pytest_moeperf.load.driver import RunDriver
+        from pytest_moeperf.load.driver import RunDriver, warm_levels
         from pytest_moeperf.metrics.energy import make_default_meter
 
         meter = self.config.hook.pytest_moeperf_energy_meter(
@@ -217,8 +217,8 @@ class PerfTest:
             meter = make_default_meter(list(env.gpu_indices))
         return RunDriver(plan.spec, plan.slo, meter, vocab_size(model_dir),
                          self._mbu_inputs(plan, model_dir, env), plan.probe_requests,
-                         plan.max_probes, say=self.say,
-                         probe_start=self._probe_start)  # fmt: skip
+                         plan.max_probes, say=self.say, probe_start=self._probe_start,
+                         warm=warm_levels(plan.spec, gpu=bool(env.gpu_indices)))  # fmt: skip
 
     def _probe_start(self, endpoint: Endpoint, run_number: int, probe_number: int,
                      rate: float) -> None:  # fmt: skip

@@ -141,3 +141,55 @@ def test_a_failed_run_still_counts_as_load(monkeypatch: pytest.MonkeyPatch) -> N
     _fake_search(monkeypatch, [40.0])
     d.run(b, 0, "t")
     assert clock.slept == [pytest.approx(SWITCH_SETTLE_S)]
+
+
+# -- warm-up levels
+def _spec(text: str) -> Any:
+    from pytest_moeperf.spec.loader import load_spec_text
+
+    base = """
+name: w
+model: {path: embedded, dtype: bfloat16, max_model_len: 2048}
+workload: {trace: fixed, num_requests: 8, seed: 0, input_tokens: 16, output_tokens: 8}
+slo: {ttft_p99_ms: 1000, tpot_p99_ms: 100}
+"""
+    return load_spec_text(base + text)
+
+
+def test_cpu_warm_up_is_one_level_the_spec_own_or_eight() -> None:
+    from pytest_moeperf.load.driver import warm_levels
+
+    poisson = _spec("arrival: {process: poisson, rate: 2}\n")
+    fixed = _spec("arrival: {process: concurrency, concurrency: 24}\n")
+    assert warm_levels(poisson, gpu=False) == (8,)
+    assert warm_levels(fixed, gpu=False) == (24,)
+
+
+def test_gpu_warm_up_climbs_powers_of_two_to_the_cap_and_the_spec_level() -> None:
+    from pytest_moeperf.load.driver import WARM_MAX_BATCH, warm_levels
+
+    poisson = _spec("arrival: {process: poisson, rate: 2}\n")
+    assert warm_levels(poisson, gpu=True) == (1, 2, 4, 8, 16, 32, 64)
+    assert WARM_MAX_BATCH == 64
+    fixed = _spec("arrival: {process: concurrency, concurrency: 24}\n")
+    assert warm_levels(fixed, gpu=True) == (1, 2, 4, 8, 16, 24, 32, 64)
+    small = _spec(
+        "engine_args: {max-num-seqs: 12}\narrival: {process: concurrency, concurrency: 16}\n"
+    )
+    assert warm_levels(small, gpu=True) == (1, 2, 4, 8, 12)  # never above max-num-seqs
+
+
+def test_warm_up_runs_each_level_unmeasured_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, int, str]] = []
+
+    def fake_fixed(endpoint: Any, spec: Any, slo: Any, **kw: Any) -> None:
+        calls.append((kw["concurrency"], kw["num_requests"], kw["meter"].name))
+
+    monkeypatch.setattr(probe, "measure_fixed", fake_fixed)
+    lines: list[str] = []
+    d = _driver(lines)
+    d.warm = (1, 2, 4)
+    d.warm_up(probe.Endpoint("http://127.0.0.1:1", "m"), "t")
+    assert [(c, n) for c, n, _ in calls] == [(1, 4), (2, 4), (4, 8)]
+    assert {m for _, _, m in calls} == {NotMeasuredMeter("x").name}
+    assert lines == ["t: warmed up (16 requests at concurrency 1, 2, 4 in turn, not measured)"]

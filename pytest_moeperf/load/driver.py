@@ -23,6 +23,24 @@ WARM_START_FACTOR = 0.9
 #: run that started inside that second lost half its throughput (a CPU A/B of identical kernels
 #: read -50 % for the side measured right after the other).
 SWITCH_SETTLE_S = 1.5
+#: On a GPU the warm-up climbs batch sizes 1, 2, 4, ... up to this (or max-num-seqs): fused-MoE
+#: picks a Triton tiling per batch size and compiles each on first use, which stalls the engine
+#: for seconds; a single-level warm-up left the first Poisson probe (batches of 1-10) to pay.
+WARM_MAX_BATCH = 64
+
+
+def warm_levels(spec: Spec, gpu: bool) -> tuple[int, ...]:
+    """Concurrency levels of the warm-up: the spec's (or 8) alone on the CPU, which compiles
+    nothing per batch size; on a GPU, powers of two up to min(max-num-seqs, WARM_MAX_BATCH) and
+    the spec's own level."""
+    a = spec.arrival
+    own = a.concurrency if a.process == "concurrency" and a.concurrency else 8
+    if not gpu:
+        return (own,)
+    seqs = next((int(str(v)) for k, v in spec.engine_args if k == "max-num-seqs"), 256)
+    cap = max(1, min(seqs, WARM_MAX_BATCH))
+    levels = {1 << i for i in range(cap.bit_length()) if 1 << i <= cap}
+    return tuple(sorted(levels | {min(own, seqs)}))
 
 
 @dataclass
@@ -39,6 +57,8 @@ class RunDriver:
     say: Callable[[str], None] = lambda line: None
     #: (endpoint, run number, probe number, rate) before each probe: the probe-start hook.
     probe_start: Callable[[Endpoint, int, int, float], None] | None = None
+    #: warm-up concurrency levels (``warm_levels``); empty: the spec's level, or 8
+    warm: tuple[int, ...] = ()
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     _warm: dict[str, float] = field(default_factory=dict)
@@ -56,17 +76,22 @@ class RunDriver:
         return s.search.rate_min if s.search else (s.arrival.rate or 1.0)
 
     def warm_up(self, endpoint: Endpoint, label: str) -> None:
-        """One unmeasured closed-loop load on a fresh server: the first batches pay for Triton
-        JIT compiles and cold caches (a first run on an H200 came out half as fast as the next)."""
+        """Unmeasured closed-loop load on a fresh server: the first batches pay for Triton JIT
+        compiles and cold caches (a first run on an H200 came out half as fast as the next)."""
         from pytest_moeperf.load.probe import measure_fixed
 
-        c = self.fixed_concurrency or 8
+        levels = self.warm or (self.fixed_concurrency or 8,)
         self._settle(endpoint)
-        measure_fixed(endpoint, self.spec, self.slo, index=999, meter=NotMeasuredMeter("warm-up"),
-                      vocab_size=self.vocab_size, concurrency=c, num_requests=2 * c,
-                      mbu_inputs=None)  # fmt: skip
+        sent = 0
+        for i, c in enumerate(levels):
+            measure_fixed(endpoint, self.spec, self.slo, index=999 + i,
+                          meter=NotMeasuredMeter("warm-up"), vocab_size=self.vocab_size,
+                          concurrency=c, num_requests=max(4, 2 * c), mbu_inputs=None)  # fmt: skip
+            sent += max(4, 2 * c)
         self._last_load = (endpoint.base_url, self.clock())
-        self.say(f"{label}: warmed up ({2 * c} requests at concurrency {c}, not measured)")
+        at = f"concurrency {levels[0]}" if len(levels) == 1 else (
+            f"concurrency {', '.join(map(str, levels))} in turn")  # fmt: skip
+        self.say(f"{label}: warmed up ({sent} requests at {at}, not measured)")
 
     def run(
         self, endpoint: Endpoint, index: int, label: str, *, concurrency: int | None = None
