@@ -286,7 +286,7 @@ class PerfTest:
         source = energy[0]["method"] if energy else "not_measured"
         override = options.value(self.config, "moeperf_hbm_bandwidth")
         bw, _ = rated_bandwidth(env.accelerator, float(override) * 1e12 if override else None)
-        quant = next((str(v) for k, v in plan.spec.engine_args if k == "quantization"), None)
+        quant = plan.spec.engine_arg("quantization")
         return {**env.to_dict(), "model": plan.spec.model.path, "dtype": plan.spec.model.dtype,
                 "quantization": quant, "tp": p.tensor, "dp": p.data, "ep": p.expert,
                 "pp": p.pipeline, "gpus_per_server": p.gpus,

@@ -49,7 +49,7 @@ def pytest_moeperf_server_command(config, command):
 
 
 def test_refresh_then_regressed(pytester: pytest.Pytester,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     pytester.makefile(".yaml", e2e=SPEC)
     pytester.makepyfile(test_e2e=TEST)
     pytester.makeconftest(CONFTEST)

@@ -388,3 +388,19 @@ def test_error_message_is_one_line_with_source_field_value_and_fix() -> None:
 
 def test_spec_type() -> None:
     assert isinstance(load_spec_text(MINIMAL), Spec)
+
+
+def test_engine_arg_and_max_num_seqs_read_engine_args_or_vllm_default() -> None:
+    from pytest_moeperf.spec.loader import load_spec_text
+
+    base = """
+name: e
+model: {path: embedded, dtype: bfloat16, max_model_len: 2048}
+workload: {trace: fixed, num_requests: 8, seed: 0, input_tokens: 16, output_tokens: 8}
+slo: {ttft_p99_ms: 1000, tpot_p99_ms: 100}
+arrival: {process: poisson, rate: 2}
+"""
+    plain = load_spec_text(base)
+    assert plain.engine_arg("quantization") is None and plain.max_num_seqs == 256
+    tuned = load_spec_text(base + "engine_args: {max-num-seqs: 12, quantization: fp8}\n")
+    assert tuned.engine_arg("quantization") == "fp8" and tuned.max_num_seqs == 12

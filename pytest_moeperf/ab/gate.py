@@ -117,7 +117,7 @@ class AbTest(PerfTest):
         control = bool(options.value(self.config, "moeperf_ab_control"))
         model_dir = self._model_dir(plan.spec)
         p = plan.spec.parallelism
-        quant = next((str(v) for k, v in plan.spec.engine_args if k == "quantization"), None)
+        quant = plan.spec.engine_arg("quantization")
         why = mismatch(
             case,
             model_config_of(model_dir),

@@ -136,8 +136,7 @@ def tiling_lines(out: AbOutcome) -> list[str]:
         path = folder / out.case.file_name if folder else None
         return load_config(path) if path is not None and path.is_file() else None
 
-    seqs = next((int(str(v)) for k, v in out.plan.spec.engine_args if k == "max-num-seqs"), 256)
-    ms = set(range(1, seqs + 1)) | {2**i for i in range(0, 15)}
+    ms = set(range(1, out.plan.spec.max_num_seqs + 1)) | {2**i for i in range(0, 15)}
     diff = diff_coverage(
         tiles(out.case.base.files),
         tiles(out.case.head.files),

@@ -37,10 +37,9 @@ def warm_levels(spec: Spec, gpu: bool) -> tuple[int, ...]:
     own = a.concurrency if a.process == "concurrency" and a.concurrency else 8
     if not gpu:
         return (own,)
-    seqs = next((int(str(v)) for k, v in spec.engine_args if k == "max-num-seqs"), 256)
-    cap = max(1, min(seqs, WARM_MAX_BATCH))
+    cap = max(1, min(spec.max_num_seqs, WARM_MAX_BATCH))
     levels = {1 << i for i in range(cap.bit_length()) if 1 << i <= cap}
-    return tuple(sorted(levels | {min(own, seqs)}))
+    return tuple(sorted(levels | {min(own, spec.max_num_seqs)}))
 
 
 @dataclass
@@ -57,7 +56,7 @@ class RunDriver:
     say: Callable[[str], None] = lambda line: None
     #: (endpoint, run number, probe number, rate) before each probe: the probe-start hook.
     probe_start: Callable[[Endpoint, int, int, float], None] | None = None
-    #: warm-up concurrency levels (``warm_levels``); empty: the spec's level, or 8
+    #: warm-up concurrency levels (``warm_levels``); empty: the CPU's single level
     warm: tuple[int, ...] = ()
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
@@ -80,14 +79,15 @@ class RunDriver:
         compiles and cold caches (a first run on an H200 came out half as fast as the next)."""
         from pytest_moeperf.load.probe import measure_fixed
 
-        levels = self.warm or (self.fixed_concurrency or 8,)
+        levels = self.warm or warm_levels(self.spec, gpu=False)
         self._settle(endpoint)
         sent = 0
         for i, c in enumerate(levels):
+            n = max(4, 2 * c)
             measure_fixed(endpoint, self.spec, self.slo, index=999 + i,
                           meter=NotMeasuredMeter("warm-up"), vocab_size=self.vocab_size,
-                          concurrency=c, num_requests=max(4, 2 * c), mbu_inputs=None)  # fmt: skip
-            sent += max(4, 2 * c)
+                          concurrency=c, num_requests=n, mbu_inputs=None)  # fmt: skip
+            sent += n
         self._last_load = (endpoint.base_url, self.clock())
         at = f"concurrency {levels[0]}" if len(levels) == 1 else (
             f"concurrency {', '.join(map(str, levels))} in turn")  # fmt: skip

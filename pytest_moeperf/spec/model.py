@@ -193,6 +193,17 @@ class Spec:
                 out[f.name] = d
         return out
 
+    def engine_arg(self, key: str) -> str | None:
+        """The value ``engine_args`` gives vLLM flag ``key`` (without ``--``) as text, or None."""
+        v = next((v for k, v in self.engine_args if k == key), None)
+        return None if v is None else str(v)
+
+    @property
+    def max_num_seqs(self) -> int:
+        """vLLM's cap on sequences in a batch: the spec's ``max-num-seqs``, else vLLM's 256."""
+        v = self.engine_arg("max-num-seqs")
+        return 256 if v is None else int(v)
+
     def hash(self) -> str:
         """sha256 of the canonical JSON; equal for specs that differ only in layout or defaults."""
         text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
