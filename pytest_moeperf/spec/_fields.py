@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any, NoReturn
 
 import yaml
@@ -16,6 +18,36 @@ from pytest_moeperf.errors import UsageError
 
 FieldPath = tuple[str, ...]
 MISSING: Any = object()
+
+_YAML11 = (
+    "PyYAML (YAML 1.1) reads it as a string, not a number: its floats need a dot and a signed "
+    "exponent (`1e3` and `1.0e3` are strings, `1.0e+3` is 1000.0)"
+)
+_NUMBER_CHARS = re.compile(r"[-+]?[0-9_.]*[0-9][0-9_.]*(?:[eE][-+]?[0-9]+)?")
+
+
+def yaml_string_number(value: object) -> float | None:
+    """The number a YAML string such as ``1e3`` spells, when PyYAML left it a string."""
+    if not isinstance(value, str) or not _NUMBER_CHARS.fullmatch(value.strip()):
+        return None
+    try:
+        number = float(value.strip())
+    except ValueError:  # "1.2.3", "1__0" (Python's own underscore rules)
+        return None
+    return number if math.isfinite(number) else None
+
+
+def yaml_spellings(number: float) -> list[str]:
+    """Ways to write ``number`` that PyYAML reads as a number: plain, and with an exponent."""
+    mantissa, _, exponent = f"{number:.15e}".partition("e")
+    mantissa = mantissa.rstrip("0")
+    mantissa += "0" if mantissa.endswith(".") else ""
+    exp = int(exponent)
+    scientific = f"{mantissa}e{'-' if exp < 0 else '+'}{abs(exp)}"
+    plain = format(Decimal(repr(number)), "f")  # 1e-07 -> 0.0000001, 1000.0 -> 1000.0
+    if plain.endswith(".0"):
+        plain = plain[:-2]
+    return [plain, scientific] if len(plain) <= 20 else [scientific]
 
 
 class FieldCtx:
@@ -76,6 +108,10 @@ class FieldCtx:
         if value is default and default is not MISSING:
             return value
         if isinstance(value, bool) or not isinstance(value, int):
+            number = yaml_string_number(value)
+            if number is not None and number.is_integer():
+                self.fail((*path, key), value, f"must be an integer; {_YAML11}",
+                          f"write `{int(number)}`")  # fmt: skip
             self.fail(
                 (*path, key), value, "must be an integer", f"write a whole number >= {minimum}"
             )
@@ -98,6 +134,11 @@ class FieldCtx:
         if value is default and default is not MISSING:
             return value
         if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+            number = yaml_string_number(value)
+            if number is not None:
+                spellings = " or ".join(f"`{s}`" for s in yaml_spellings(number))
+                self.fail((*path, key), value, f"must be a number; {_YAML11}",
+                          f"write {spellings}")  # fmt: skip
             self.fail((*path, key), value, "must be a number", "write a plain number, e.g. 1.5")
         ok_low = value >= low if low_inclusive else value > low
         if not ok_low or value >= high or math.isinf(value):
