@@ -99,26 +99,41 @@ def _as_json_dict(name: str, data: Mapping[Any, Any]) -> dict[str, Any]:
     return out
 
 
+def check_config_name(name: str, source: str) -> None:
+    """A name vLLM looks up in ``VLLM_TUNED_CONFIG_FOLDER``: any other is never read there."""
+    cname = parse(name, source=source)
+    if cname.backend is not None:
+        raise UsageError(
+            source,
+            "backend",
+            cname.backend,
+            f"vLLM reads ',backend={cname.backend}' configs only from its own configs/ "
+            f"folder, never from {ENV_VAR}",
+            "test it by installing it into vLLM's configs/ folder, or drop it from the variant",
+        )
+
+
 def check_variant_files(files: Mapping[str, FileSource]) -> None:
     """Check each file's name and contents, as ``lay_out_config_folder`` writes them."""
     for name, src in files.items():
-        cname = parse(name, source=f"config variant file {name!r}")
-        if cname.backend is not None:
-            raise UsageError(
-                f"config variant file {name!r}",
-                "backend",
-                cname.backend,
-                f"vLLM reads ',backend={cname.backend}' configs only from its own configs/ "
-                f"folder, never from {ENV_VAR}",
-                "test it by installing it into vLLM's configs/ folder, or drop it from the variant",
-            )
+        source = f"config variant file {name!r}"
+        check_config_name(name, source)
         if isinstance(src, Path):
             load_config(src)
         elif isinstance(src, Mapping):
             _as_json_dict(name, src)
+        elif isinstance(src, str):  # a path as text: name it, and how to pass it
+            raise UsageError(
+                source,
+                "source",
+                src,
+                "is a str; files= takes a pathlib.Path to copy (relative paths would depend on "
+                "the working directory) or the config dict",
+                f"pass Path(__file__).parent / {src!r}",
+            )
         else:
             raise UsageError(
-                f"config variant file {name!r}",
+                source,
                 "source",
                 type(src).__name__,
                 "must be a pathlib.Path to copy or a dict to write",
@@ -127,8 +142,13 @@ def check_variant_files(files: Mapping[str, FileSource]) -> None:
 
 
 def check_config_folder(folder: Path) -> None:
-    """Check every ``*.json`` in a user's config folder before a server would read it."""
+    """Check the name and contents of every ``*.json`` in a user's config folder.
+
+    A misnamed file is refused on the CPU too, where no config is read: the same folder is
+    used on a GPU, where vLLM would silently ignore it and measure the default tiling.
+    """
     for path in _json_files(folder):
+        check_config_name(path.name, f"file {path}")
         load_config(path)
 
 

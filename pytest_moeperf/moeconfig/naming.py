@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_moeperf.errors import UsageError
@@ -109,6 +109,17 @@ def parse(file_name: str, source: str | None = None) -> MoeConfigName:
     if name.E <= 0 or name.N <= 0:
         raise UsageError(
             src, "file name", file_name, "E and N must be positive", "fix the E=/N= numbers"
+        )
+    device = normalize_device_name(name.device_name)
+    if device != name.device_name:  # "NVIDIA H200", "NVIDIA_H200_NVL": vLLM never builds these
+        fixed = replace(name, device_name=device).file_name()
+        raise UsageError(
+            src,
+            "file name",
+            file_name,
+            f"vLLM spells this device_name {device!r} ({fixed!r}), so it would never load "
+            "this file",
+            f"rename it to {fixed!r}",
         )
     if name.file_name() != file_name:
         # e.g. leading zeros "E=0128" or a zero block dim: vLLM would never build this name.
