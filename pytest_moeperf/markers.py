@@ -226,6 +226,15 @@ def accuracy_gate(item: pytest.Item) -> AccuracyGate | None:
             "must be an integer >= 1 or None",
             "e.g. limit=50 runs the first 50 test questions",
         )
+    if limit is not None:
+        from pytest_moeperf.accuracy.gsm8k import questions_in_test_split
+
+        data, n_test = questions_in_test_split()
+        if limit > n_test:
+            raise UsageError(source, "limit", limit,
+                             f"the gsm8k test split has only {n_test} questions ({data})",
+                             f"use limit <= {n_test}, or leave limit out to ask all "
+                             f"{n_test}")  # fmt: skip
     return AccuracyGate(task, shots, float(max_drop), limit, source)
 
 

@@ -9,6 +9,7 @@ lm-eval's ``gsm8k.yaml`` (version 3); docs/accuracy.md lists the few deliberate 
 from __future__ import annotations
 
 import asyncio
+import functools
 import gzip
 import hashlib
 import json
@@ -129,6 +130,13 @@ def load_split(split: str, path: Path | None = None) -> list[Doc]:
             "use the gsm8k split files, one JSON object per line",
         )
     return docs
+
+
+@functools.lru_cache(maxsize=4)
+def questions_in_test_split(path: Path | None = None) -> tuple[Path, int]:
+    """(file, question count) of the test split: a marker's ``limit`` is checked against it
+    when the marker is read, not after the measurement."""
+    return _split_file("test", path), len(load_split("test", path))
 
 
 def data_digest(train: Sequence[Doc], test: Sequence[Doc]) -> str:
