@@ -62,6 +62,12 @@ class ServerConfig:
     # Faults for single requests, keyed by the first prompt id: "http_500" (answered with a
     # 500), "cut" (connection closed after 2 tokens), "stall" (silent after 2 tokens).
     faults: dict[int, str] = field(default_factory=dict)
+    # A capacity, like an engine's max-num-seqs: streams beyond this many wait, first come first
+    # served, without tokens. None: every stream runs.
+    max_running: int | None = None
+    # Serve vLLM-style Prometheus gauges and counters on /metrics (running, waiting, and the
+    # prefix-cache counters, with every prompt a miss).
+    metrics: bool = False
 
 
 @dataclass
@@ -72,6 +78,7 @@ class Stats:
     connections: int = 0
     arrivals: dict[int, float] = field(default_factory=dict)  # first prompt id -> perf_counter
     stamps: dict[int, list[float]] = field(default_factory=dict)  # first prompt id -> writes
+    prompt_tokens: int = 0
 
 
 class _Stream:
@@ -139,11 +146,16 @@ class SSEServer:
                 await self._wake.wait()
             keep: list[_Stream] = []
             progressed = False
+            running = 0
             for st in self.streams:
                 conn = st.conn
                 if conn.closed:
                     self.stats.active -= 1
                     continue
+                if cfg.max_running is not None and running >= cfg.max_running:
+                    keep.append(st)  # waiting for a slot
+                    continue
+                running += 1
                 stall_after = 2 if st.fault == "stall" else cfg.stall_after
                 cut_after = 2 if st.fault == "cut" else cfg.cut_after
                 if conn.paused or (stall_after is not None and st.sent >= stall_after):
@@ -173,6 +185,22 @@ class SSEServer:
                     conn.touch()
             self.streams = keep
             await asyncio.sleep(cfg.delay_s if progressed else max(cfg.delay_s, 0.001))
+
+    def metrics_text(self) -> bytes:
+        """vLLM's names for the queue gauges and prefix-cache counters (Prometheus text)."""
+        live = [st for st in self.streams if not st.conn.closed]
+        cap = self.config.max_running
+        running = len(live) if cap is None else min(cap, len(live))
+        lab = '{engine="0",model_name="synthetic"}'
+        lines = [
+            "# TYPE vllm:num_requests_running gauge",
+            f"vllm:num_requests_running{lab} {running}",
+            f"vllm:num_requests_waiting{lab} {len(live) - running}",
+            f"vllm:prefix_cache_queries_total{lab} {self.stats.prompt_tokens}",
+            f"vllm:prefix_cache_hits_total{lab} 0",
+            f"vllm:num_preemptions_total{lab} 0",
+        ]
+        return ("\n".join(lines) + "\n").encode()
 
     def stats_json(self) -> bytes:
         s = self.stats
@@ -289,6 +317,8 @@ class _Conn(asyncio.Protocol):
             return self._send("200 OK", json.dumps(data).encode())
         if path == "/stats":
             return self._send("200 OK", srv.stats_json())
+        if path == "/metrics" and srv.config.metrics:
+            return self._send("200 OK", srv.metrics_text(), "text/plain; version=0.0.4")
         if path != "/v1/completions" or method != "POST":
             return self._send("404 Not Found", b'{"detail":"Not Found"}')
         now = perf_counter()
@@ -305,6 +335,7 @@ class _Conn(asyncio.Protocol):
             err = {"error": info}
             return self._send(f"{status} Injected", json.dumps(err).encode())
         n_prompt = len(prompt) if isinstance(prompt, list) else 1
+        srv.stats.prompt_tokens += n_prompt
         st = _Stream(self, key, int(req.get("max_tokens") or 16), n_prompt, str(req.get("model")))
         if cfg.stamp:
             st.stamps = srv.stats.stamps.setdefault(key, [])

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from pytest_moeperf.load import probe
-from pytest_moeperf.load.driver import SWITCH_SETTLE_S, WARM_START_FACTOR, RunDriver
+from pytest_moeperf.load.driver import SWITCH_SETTLE_S, RunDriver
 from pytest_moeperf.metrics.energy import NotMeasuredMeter
 from pytest_moeperf.spec.loader import load_spec
 
@@ -26,54 +26,61 @@ def _driver(lines: list[str]) -> RunDriver:
                      clock=clock, sleep=clock.sleep)  # fmt: skip
 
 
-def _fake_search(monkeypatch: pytest.MonkeyPatch, boundaries: list[float | None]) -> list[float]:
-    """measure_run stand-in: returns the next boundary; records each search's starting rate."""
-    starts: list[float] = []
+def _fake_search(
+    monkeypatch: pytest.MonkeyPatch, brackets: list[tuple[float | None, float | None]],
+    converged: bool = True,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """measure_run stand-in: returns the next bracket; records each search's warm-start args."""
+    calls: list[dict[str, Any]] = []
 
     def fake(endpoint: Any, spec: Any, slo: Any, **kw: Any) -> Any:
-        starts.append(kw["rate_min"])
-        return SimpleNamespace(search=SimpleNamespace(boundary_rate=boundaries.pop(0)))
+        calls.append({k: kw[k] for k in ("start_rate", "hint_hi", "min_span_s", "rate_min")})
+        lo, hi = brackets.pop(0)
+        search = SimpleNamespace(boundary_rate=lo, bracket=(lo, hi), converged=converged,
+                                 note="not converged within 5 probes", tolerance=0.05)  # fmt: skip
+        return probe.RunMeasurement(0, search, [], {"slo_goodput_tok_s": lo},  # type: ignore[arg-type]
+                                    probe_span_s=12.0 + len(calls))  # fmt: skip
 
     monkeypatch.setattr(probe, "measure_run", fake)
-    return starts
+    return calls
 
 
-def test_second_run_starts_just_under_the_first_boundary(monkeypatch: pytest.MonkeyPatch) -> None:
-    lines: list[str] = []
-    d = _driver(lines)
-    starts = _fake_search(monkeypatch, [40.0, 38.0])
-    ep = probe.Endpoint("http://127.0.0.1:1", "m")
-    d.run(ep, 0, "t run 1/2")
-    d.run(ep, 1, "t run 2/2")
-    assert starts == [d.spec_rate_min, pytest.approx(40.0 * WARM_START_FACTOR)]
-    assert not any("searching again" in line for line in lines)
-
-
-def test_a_missed_warm_start_searches_again_from_rate_min_and_says_so(
+def test_second_run_starts_at_the_first_boundary_and_aims_at_its_miss(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     lines: list[str] = []
     d = _driver(lines)
-    starts = _fake_search(monkeypatch, [40.0, None, 30.0])
+    calls = _fake_search(monkeypatch, [(40.0, 41.6), (40.0, 41.6)])
     ep = probe.Endpoint("http://127.0.0.1:1", "m")
     d.run(ep, 0, "t run 1/2")
-    run = d.run(ep, 1, "t run 2/2")
-    assert run.search is not None and run.search.boundary_rate == 30.0
-    assert starts == [d.spec_rate_min, pytest.approx(36.0), d.spec_rate_min]
-    (line,) = [x for x in lines if "searching again" in x]
-    assert line.startswith("t run 2/2: started at 36 req/s")
-    assert f"rate_min {d.spec_rate_min:.3g} req/s" in line
+    d.run(ep, 1, "t run 2/2")
+    assert [c["start_rate"] for c in calls] == [d.spec_rate_min, 40.0]
+    assert [c["hint_hi"] for c in calls] == [None, 41.6]
+    assert [c["min_span_s"] for c in calls] == [None, 13.0]  # the probe length run 1 needed
+    assert all(c["rate_min"] == d.spec_rate_min for c in calls)  # a miss may step down to it
+    assert not any("does not count" in line for line in lines)
+
+
+def test_an_unconverged_run_is_said_not_to_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    lines: list[str] = []
+    d = _driver(lines)
+    _fake_search(monkeypatch, [(15.44, 18.17)], converged=False)
+    run = d.run(probe.Endpoint("http://127.0.0.1:1", "m"), 0, "t run 1/1")
+    assert not run.complete
+    (line,) = [x for x in lines if "does not count" in x]
+    assert "search did not converge" in line and "15.4..18.2 req/s" in line, line
 
 
 def test_warm_starts_are_per_server(monkeypatch: pytest.MonkeyPatch) -> None:
     """A/B runs alternate two servers: each starts from its own last boundary."""
     d = _driver([])
-    starts = _fake_search(monkeypatch, [40.0, 20.0, 41.0, 19.0])
+    calls = _fake_search(monkeypatch, [(40.0, 41.0), (20.0, 21.0), (41.0, 42.0), (19.0, 20.0)])
     a, b = probe.Endpoint("http://127.0.0.1:1", "m"), probe.Endpoint("http://127.0.0.1:2", "m")
     for i, ep in enumerate([a, b, a, b]):
         d.run(ep, i, "t")
     lo = d.spec_rate_min
-    assert starts == [lo, lo, pytest.approx(36.0), pytest.approx(18.0)]
+    assert [c["start_rate"] for c in calls] == [lo, lo, 40.0, 20.0]
+    assert [c["hint_hi"] for c in calls] == [None, None, 41.0, 21.0]
 
 
 class _Clock:
@@ -102,7 +109,7 @@ def test_switching_servers_waits_out_the_previous_servers_idle_spin(
 ) -> None:
     clock = _Clock()
     d = _timed_driver(clock)
-    _fake_search(monkeypatch, [40.0, 40.0, 40.0, 40.0])
+    _fake_search(monkeypatch, [(40.0, 41.0)] * 4)
     a, b = probe.Endpoint("http://127.0.0.1:1", "m"), probe.Endpoint("http://127.0.0.1:2", "m")
     d.run(a, 0, "t")
     assert clock.slept == []  # nothing ran before
@@ -119,8 +126,9 @@ def test_switching_servers_waits_out_the_previous_servers_idle_spin(
 def test_a_warm_up_counts_as_load_on_its_server(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = _Clock()
     d = _timed_driver(clock)
-    _fake_search(monkeypatch, [40.0])
-    monkeypatch.setattr(probe, "measure_fixed", lambda *a, **kw: None)
+    _fake_search(monkeypatch, [(40.0, 41.0)])
+    ok = SimpleNamespace(fixed={"n_ok": 4})
+    monkeypatch.setattr(probe, "measure_fixed", lambda *a, **kw: ok)
     a, b = probe.Endpoint("http://127.0.0.1:1", "m"), probe.Endpoint("http://127.0.0.1:2", "m")
     d.warm_up(a, "t")
     d.run(b, 0, "t")
@@ -138,7 +146,7 @@ def test_a_failed_run_still_counts_as_load(monkeypatch: pytest.MonkeyPatch) -> N
     a, b = probe.Endpoint("http://127.0.0.1:1", "m"), probe.Endpoint("http://127.0.0.1:2", "m")
     with pytest.raises(RuntimeError):
         d.run(a, 0, "t")
-    _fake_search(monkeypatch, [40.0])
+    _fake_search(monkeypatch, [(40.0, 41.0)])
     d.run(b, 0, "t")
     assert clock.slept == [pytest.approx(SWITCH_SETTLE_S)]
 
@@ -184,6 +192,7 @@ def test_warm_up_runs_each_level_unmeasured_and_says_so(monkeypatch: pytest.Monk
 
     def fake_fixed(endpoint: Any, spec: Any, slo: Any, **kw: Any) -> None:
         calls.append((kw["concurrency"], kw["num_requests"], kw["meter"].name))
+        return SimpleNamespace(fixed={"n_ok": kw["num_requests"]})
 
     monkeypatch.setattr(probe, "measure_fixed", fake_fixed)
     lines: list[str] = []
@@ -193,3 +202,21 @@ def test_warm_up_runs_each_level_unmeasured_and_says_so(monkeypatch: pytest.Monk
     assert [(c, n) for c, n, _ in calls] == [(1, 4), (2, 4), (4, 8)]
     assert {m for _, _, m in calls} == {NotMeasuredMeter("x").name}
     assert lines == ["t: warmed up (16 requests at concurrency 1, 2, 4 in turn, not measured)"]
+
+
+def test_a_warm_up_where_every_request_failed_stops_with_the_servers_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server answering HTTP 500 must not read as "warmed up" then "SLO not met"."""
+    from pytest_moeperf.load.driver import WarmUpFailed
+
+    fixed = {"n_ok": 0, "failed_by_status": {"http_error": 4},
+             "first_error": "http_error HTTP 500: boom"}  # fmt: skip
+    monkeypatch.setattr(probe, "measure_fixed", lambda *a, **kw: SimpleNamespace(fixed=fixed))
+    lines: list[str] = []
+    d = _driver(lines)
+    with pytest.raises(WarmUpFailed) as err:
+        d.warm_up(probe.Endpoint("http://127.0.0.1:1", "m"), "t")
+    assert "every warm-up request to http://127.0.0.1:1 failed (http_error 4)" in str(err.value)
+    assert "HTTP 500: boom" in str(err.value)
+    assert not any("warmed up" in line for line in lines)

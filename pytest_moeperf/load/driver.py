@@ -11,12 +11,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_moeperf.errors import MoePerfError
 from pytest_moeperf.load.probe import Endpoint, MbuInputs, RunMeasurement
 from pytest_moeperf.metrics.energy import EnergyMeter, NotMeasuredMeter
 from pytest_moeperf.spec.model import Slo, Spec
 
-#: A search run starts just under the previous run's boundary on the same server.
-WARM_START_FACTOR = 0.9
+#: A search run starts at the previous run's boundary on the same server, aims next at the
+#: previous run's lowest miss, and keeps the probe length the previous run found it needed.
 #: Pause before loading a server when the previous load went to another one. vLLM's workers
 #: busy-poll their shared-memory queue for 1 s after their last step (``SpinCondition``,
 #: ``busy_loop_s=1``); on the CPU backend every server's worker is bound to the same core, so a
@@ -60,7 +61,7 @@ class RunDriver:
     warm: tuple[int, ...] = ()
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    _warm: dict[str, float] = field(default_factory=dict)
+    _warm: dict[str, tuple[float, float | None, float | None]] = field(default_factory=dict)
     _last_load: tuple[str, float] | None = None  # (server URL, when its last load ended)
 
     @property
@@ -84,9 +85,12 @@ class RunDriver:
         sent = 0
         for i, c in enumerate(levels):
             n = max(4, 2 * c)
-            measure_fixed(endpoint, self.spec, self.slo, index=999 + i,
-                          meter=NotMeasuredMeter("warm-up"), vocab_size=self.vocab_size,
-                          concurrency=c, num_requests=n, mbu_inputs=None)  # fmt: skip
+            run = measure_fixed(endpoint, self.spec, self.slo, index=999 + i,
+                                meter=NotMeasuredMeter("warm-up"), vocab_size=self.vocab_size,
+                                concurrency=c, num_requests=n, mbu_inputs=None)  # fmt: skip
+            fixed = run.fixed or {}
+            if not fixed.get("n_ok"):
+                raise WarmUpFailed(endpoint.base_url, fixed)
             sent += n
         self._last_load = (endpoint.base_url, self.clock())
         at = f"concurrency {levels[0]}" if len(levels) == 1 else (
@@ -140,35 +144,34 @@ class RunDriver:
                 f"(ttft p99 {_ms(s, 'ttft')}, tpot p99 {_ms(s, 'tpot')})"
             )
             return run
-        start = self._warm.get(endpoint.base_url, self.spec_rate_min)
-        run = self._search(endpoint, index, label, start)
+        start, hint, span = self._warm.get(endpoint.base_url, (self.spec_rate_min, None, None))
+        run = self._search(endpoint, index, label, start, hint, span)
         assert run.search is not None
-        if run.search.boundary_rate is None and start > self.spec_rate_min:
-            # the warm start missed: search from the spec's own lowest rate rather than report
-            # a run without a boundary
-            self.say(
-                f"{label}: started at {start:.3g} req/s (the last boundary, less a margin) and "
-                f"met no rate; searching again from rate_min {self.spec_rate_min:.3g} req/s"
-            )
-            run = self._search(endpoint, index, label, self.spec_rate_min)
-        assert run.search is not None
-        if run.search.boundary_rate is not None:
-            self._warm[endpoint.base_url] = run.search.boundary_rate * WARM_START_FACTOR
+        lo, hi = run.search.bracket
+        if lo is not None:
+            self._warm[endpoint.base_url] = (lo, hi, run.probe_span_s)
+        if not run.complete and run.incomplete_reason:
+            self.say(f"{label}: does not count: {run.incomplete_reason}")
         return run
 
     def _search(
-        self, endpoint: Endpoint, index: int, label: str, rate_min: float
-    ) -> RunMeasurement:
+        self, endpoint: Endpoint, index: int, label: str, start: float,
+        hint_hi: float | None = None, span: float | None = None,
+    ) -> RunMeasurement:  # fmt: skip
         from pytest_moeperf.load.probe import measure_run
         from pytest_moeperf.metrics.summary import failed_text
 
         def progress(k: int, rate: float, res: Any) -> None:
             s = res.summary
+            st = s.get("steady") or {}
+            keep = st.get("completion_ratio")
+            kept = f", completed {100 * keep:.0f} % of sent" if keep == keep and keep else ""
+            why = f": {res.reason}" if not res.met and res.reason else ""
             self.say(
                 f"{label} probe {k + 1} rate {rate:.3g} req/s: "
                 f"{'met' if res.met else 'missed'} (ttft p99 {_ms(s, 'ttft')}, "
                 f"tpot p99 {_ms(s, 'tpot')}, attainment "
-                f"{100 * s['slo_attainment']:.0f} %{failed_text(s)})"
+                f"{100 * s['slo_attainment']:.0f} %{kept}{failed_text(s)}){why}"
             )
 
         def started(k: int, rate: float) -> None:
@@ -182,12 +185,30 @@ class RunDriver:
             index=index,
             meter=self.meter,
             vocab_size=self.vocab_size,
-            rate_min=rate_min,
+            rate_min=self.spec_rate_min,
             probe_requests=self.probe_requests,
             max_probes=self.max_probes,
             mbu_inputs=self.mbu_inputs,
             on_probe=progress,
             on_probe_start=started,
+            start_rate=start,
+            hint_hi=hint_hi,
+            min_span_s=span,
+            say=self.say,
+        )
+
+
+class WarmUpFailed(MoePerfError):
+    """Not one warm-up request succeeded: measuring would only report 'SLO not met'."""
+
+    def __init__(self, base_url: str, fixed: dict[str, Any]) -> None:
+        failed = ", ".join(f"{k} {v}" for k, v in sorted((fixed.get("failed_by_status")
+                                                          or {}).items()))  # fmt: skip
+        first = fixed.get("first_error") or "no error text"
+        super().__init__(
+            f"every warm-up request to {base_url} failed ({failed or 'no answer'}); first error: "
+            f"{first}. Check that the server serves /v1/completions for this model and that "
+            "the spec's prompt lengths fit its max_model_len"
         )
 
 

@@ -63,12 +63,29 @@ class RunMeasurement:
     metrics: dict[str, float | None]
     notes: list[str] = field(default_factory=list)
     fixed: dict[str, Any] | None = None  # the load summary of a fixed-concurrency run
+    probe_span_s: float | None = None  # the send span the run's probes ended up needing
 
     @property
     def complete(self) -> bool:
-        """A run counts for a baseline only when its headline metric was measured."""
+        """A run counts for a baseline only when its headline metric was measured and, for a
+        search, the search converged: an unconverged bracket's lower end is a lower bound, not
+        the boundary, and would drag a baseline down by up to the bracket's width."""
         key = "slo_goodput_tok_s" if self.search is not None else "output_tok_s"
+        if self.search is not None and not self.search.converged:
+            return False
         return self.metrics.get(key) is not None
+
+    @property
+    def incomplete_reason(self) -> str | None:
+        """Why the run does not count, in one phrase (None when it does)."""
+        if self.complete:
+            return None
+        if self.search is not None and not self.search.converged:
+            lo, hi = self.search.bracket
+            width = f"{lo:.3g}..{hi:.3g} req/s" if lo and hi else "no bracket"
+            return (f"search did not converge ({self.search.note}; bracket {width}, tolerance "
+                    f"{100 * self.search.tolerance:g} %)")  # fmt: skip
+        return "headline metric not measured"
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = self.search.to_dict() if self.search is not None else {}
@@ -95,22 +112,58 @@ def measure_run(
     mbu_inputs: MbuInputs | None,
     on_probe: Callable[[int, float, ProbeResult], None] | None = None,
     on_probe_start: Callable[[int, float], None] | None = None,
+    start_rate: float | None = None, hint_hi: float | None = None,
+    min_span_s: float | None = None, say: Callable[[str], None] | None = None,
 ) -> RunMeasurement:  # fmt: skip
-    """One search; ``on_probe_start(probe_number, rate)`` is called before each probe's load."""
-    from pytest_moeperf.load.runner import run_load
+    """One search; ``on_probe_start(probe_number, rate)`` is called before each probe's load.
+
+    ``start_rate`` / ``hint_hi`` carry an earlier run's bracket (see ``search_slo_boundary``);
+    ``min_span_s`` an earlier run's probe length. A probe too short to judge a steady state is
+    run again, longer, at the same rate (``MAX_EXTENSIONS`` times at most).
+    """
     from pytest_moeperf.load.search import search_slo_boundary
-    from pytest_moeperf.spec.traces import build_requests
 
     energy: list[dict[str, Any]] = []
     readings: dict[float, tuple[EnergyReading, RunRecord]] = {}
     done: list[dict[str, Any]] = []
     rate_max = spec.search.rate_max if spec.search else None
-    span_s = spec.search.probe_duration_s if spec.search else None
+    spec_span = spec.search.probe_duration_s if spec.search else None
+    span = {"s": max(filter(None, (spec_span, min_span_s)), default=None)}
 
     def size(rate: float) -> int:
-        return probe_size(rate, probe_requests, span_s)
+        return probe_size(rate, probe_requests, span["s"])
 
     def probe(rate: float, abort: AbortCheck) -> ProbeResult:
+        """A probe, rerun longer while too short to judge; the discarded loads are listed in
+        the kept probe's summary (``too_short_attempts``), not as probes of their own."""
+        discarded: list[dict[str, Any]] = []
+        result = None
+        for attempt in range(MAX_EXTENSIONS + 1):
+            if discarded:
+                energy.pop()
+                done.pop()
+            result, needed = probe_once(rate, abort)
+            if discarded:
+                result = replace(result, summary={**result.summary,
+                                                  "too_short_attempts": list(discarded)})
+                done[-1] = result.to_dict()
+            if needed is None or attempt == MAX_EXTENSIONS:
+                return result
+            discarded.append({"send_span_s": result.summary.get("send_span_s"),
+                              "reason": result.reason})  # fmt: skip
+            old = _send_span_of(size(rate), rate)
+            span["s"] = max(needed, 1.5 * old)
+            if say is not None:
+                say(f"  probe at {rate:.3g} req/s too short to judge a steady state "
+                    f"({result.reason}); again with {span['s']:.0f} s of sends")  # fmt: skip
+        assert result is not None
+        return result
+
+    def probe_once(rate: float, abort: AbortCheck) -> tuple[ProbeResult, float | None]:
+        from pytest_moeperf.load.runner import run_load
+        from pytest_moeperf.load.serverstats import Sampler, wait_idle
+        from pytest_moeperf.spec.traces import build_requests
+
         i = len(done)
         requests = build_requests(
             spec.workload, vocab_size=vocab_size, max_model_len=spec.model.max_model_len,
@@ -123,13 +176,17 @@ def measure_run(
                 return "server process exited"
             return abort(records, now_s)
 
+        idle = wait_idle(endpoint.base_url)  # never inherit the previous probe's queue
         if on_probe_start is not None:
             on_probe_start(i + 1, rate)
+        sampler = Sampler(endpoint.base_url)
+        sampler.start()
         meter.start()
         run = run_load(endpoint.base_url, endpoint.model, requests, mode="poisson",
                        burstiness=spec.arrival.burstiness, seed=spec.workload.seed,
                        target=rate, should_abort=should_abort)  # fmt: skip
         reading = meter.stop()
+        stats = sampler.stop()
         energy.append({"rate": rate, **reading.to_dict()})
         if not endpoint.alive():
             statuses = Counter(r.status for r in run.requests)
@@ -142,27 +199,87 @@ def measure_run(
         result = ProbeResult.from_summary(rate, summary)
         if run.aborted_early and result.reason is None:
             result = replace(result, met=False, aborted=True, reason=run.abort_reason)
-        short = too_short(_send_span(run), summary.e2el.p50_ms / 1e3)
-        if result.met and short:
-            result = replace(result, met=False, reason=short)
+        check = steady_check(run, summary, slo, stats)
+        extra = {"steady": check.to_dict(), "server": stats.to_dict(),
+                 "idle_wait": idle.to_dict(), "send_span_s": _send_span(run)}  # fmt: skip
+        result = replace(result, summary={**result.summary, **extra})
+        needed: float | None = None
+        if not idle.idle:
+            result = replace(result, met=False, reason=(
+                f"server not idle before the probe: {dict(idle.last)} after "
+                f"{idle.waited_s:.0f} s"))  # fmt: skip
+        elif result.met and not check.steady:
+            result = replace(result, met=False, reason="not a steady state: "
+                             + "; ".join(check.reasons))  # fmt: skip
+            if check.too_short and not run.aborted_early:
+                needed = needed_span(summary, spec, rate)
         readings[rate] = (reading, run)
         done.append(result.to_dict())
-        return result
+        return result, needed
 
     search = search_slo_boundary(probe, slo=slo, rate_min=rate_min, rate_max=rate_max,
                                  tolerance=spec.search.tolerance if spec.search else 0.02,
                                  max_probes=max_probes, on_probe=on_probe,
-                                 abort_policy=AbortPolicy(planned_requests=size))  # fmt: skip
+                                 abort_policy=AbortPolicy(planned_requests=size),
+                                 start_rate=start_rate, hint_hi=hint_hi)  # fmt: skip
     metrics, notes = boundary_metrics(search, readings, mbu_inputs)
-    return RunMeasurement(index, search, energy, metrics, notes)
+    run_m = RunMeasurement(index, search, energy, metrics, notes, probe_span_s=span["s"])
+    if (why := run_m.incomplete_reason) is not None and search.boundary_rate is not None:
+        run_m.notes.append(f"run {index + 1} does not count: {why}")
+    return run_m
+
+
+#: Reruns of a probe that was too short to judge, each longer than the last.
+MAX_EXTENSIONS = 2
+
+
+def _send_span_of(n: int, rate: float) -> float:
+    return n / rate if rate > 0 else 0.0
+
+
+def median_e2el_s(run: RunRecord) -> float:
+    """Median latency of the run's successful requests (nan if none): the fill-up time."""
+    import statistics
+
+    vals = [e for r in run.requests if r.ok and (e := r.e2el_s) is not None]
+    return statistics.median(vals) if vals else math.nan
+
+
+def needed_span(summary: LoadSummary, spec: Spec, rate: float) -> float:
+    """Send span whose window, after a one-latency fill-up, spans ``MIN_WINDOW_E2EL`` latencies
+    and holds ``MIN_WINDOW_SENDS`` sends at ``rate`` (with room for Poisson spread)."""
+    from pytest_moeperf.load.steady import MIN_WINDOW_E2EL, MIN_WINDOW_SENDS
+
+    e2el = summary.e2el.p50_ms / 1e3 if math.isfinite(summary.e2el.p50_ms) else 1.0
+    keep = max(1.0 - spec.window.cooldown_fraction - (spec.window.warmup_fraction or 0.0), 0.5)
+    by_time = (1.0 + MIN_WINDOW_E2EL) * e2el / keep
+    by_count = e2el + 1.5 * MIN_WINDOW_SENDS / rate / keep if rate > 0 else 0.0  # Poisson spread
+    return 1.15 * max(by_time, by_count)
+
+
+def steady_check(run: RunRecord, summary: LoadSummary, slo: Slo, stats: Any) -> Any:
+    """``load.steady.judge`` over the summary's window, with the server's queue samples."""
+    from pytest_moeperf.load.steady import judge
+
+    waiting = stats.series("vllm:num_requests_waiting", run.t0_wall) if stats.samples else None
+    first = min(r.send_s for r in run.requests) if run.requests else 0.0
+    return judge(run.requests, summary.window.start_s, summary.window.end_s,
+                 ttft_slo_ms=slo.ttft_p99_ms, median_e2el_s=median_e2el_s(run),
+                 waiting=waiting, first_send_s=first)  # fmt: skip
 
 
 def summarize_steady(run: RunRecord, slo: Slo, spec: Spec) -> LoadSummary:
-    """The spec's steady-state window; a run stopped so early that the window holds no send
-    (an overload abort after a few requests) is judged on everything it sent."""
+    """The spec's steady-state window, starting no earlier than one median request latency
+    after the first send (before that the server is still filling up and every rate read there
+    is low); a run stopped so early that the window holds no send (an overload abort after a
+    few requests) is judged on everything it sent."""
     from pytest_moeperf.metrics.summary import summarize
 
     warmup, cooldown = spec.window.resolve(_send_span(run))
+    if run.mode == "poisson":
+        fill = median_e2el_s(run)
+        if math.isfinite(fill):
+            warmup = max(warmup, fill)
     try:
         return summarize(run, slo, warmup_s=warmup, cooldown_s=cooldown)
     except UsageError:
@@ -180,15 +297,6 @@ def probe_size(rate: float, probe_requests: int, span_s: float | None) -> int:
     """
     span = span_s if span_s is not None else MIN_PROBE_SPAN_S
     return max(probe_requests, math.ceil(rate * span))
-
-
-def too_short(send_span_s: float, median_e2el_s: float) -> str | None:
-    """A probe whose sends end before a typical request does never reached a steady state."""
-    if math.isfinite(median_e2el_s) and send_span_s < median_e2el_s:
-        return (f"probe too short to reach a steady state: sends spanned {send_span_s:.2f} s, "
-                f"less than the median request latency {median_e2el_s:.2f} s; raise "
-                "search.probe_duration_s")  # fmt: skip
-    return None
 
 
 def _send_span(run: RunRecord) -> float:

@@ -306,6 +306,16 @@ class _State:
         return below if abs(math.log(below / mid)) < abs(math.log(above / mid)) else above
 
 
+def _why_all_failed(res: ProbeResult) -> str:
+    """When no request of the probe succeeded, that, not the SLO, is the news: say why."""
+    s = res.summary
+    if s.get("n_ok", 1) or not s.get("n_requests"):
+        return ""
+    failed = ", ".join(f"{k} {v}" for k, v in sorted((s.get("failed_by_status") or {}).items()))
+    first = s.get("first_error") or "no error text"
+    return f": every request failed ({failed}); first error: {first}"
+
+
 def _check_args(rate_min: float, rate_max: float | None, tolerance: float, max_probes: int) -> None:
     src = "search_slo_boundary()"
     if not (isinstance(rate_min, int | float) and 0 < rate_min < math.inf):
@@ -331,18 +341,24 @@ def search_slo_boundary(
     max_probes: int = 7,
     on_probe: Callable[[int, float, ProbeResult], None] | None = None,
     abort_policy: AbortPolicy | None = None,
+    start_rate: float | None = None,
+    hint_hi: float | None = None,
 ) -> SearchResult:
     """Bracket then narrow the SLO boundary to ``hi / lo - 1 <= tolerance``.
 
-    The first probe is at ``rate_min`` (if it fails there is no boundary to report). Rates only
-    go up to ``rate_max`` when given. Non-monotone noise is handled by trusting the lowest
-    failing rate. The reported boundary is always a rate that was probed and met the SLO.
+    The first probe is at ``start_rate`` (default ``rate_min``). A miss there steps down, never
+    below ``rate_min``; a miss at ``rate_min`` means there is no boundary to report. Rates only
+    go up to ``rate_max`` when given. ``hint_hi`` is an earlier run's lowest failing rate: the
+    first expansion goes there instead of a blind x4, so a later run that lands in the same
+    bracket certifies it in two probes. Every probe is still a fresh load, so a run's boundary
+    rests on its own probes only. Non-monotone noise is handled by trusting the lowest failing
+    rate. The reported boundary is always a rate that was probed and met the SLO.
     """
     _check_args(rate_min, rate_max, tolerance, max_probes)
     policy = abort_policy or AbortPolicy()
     st = _State(slo=slo, g=1.0 + tolerance)
     probes: list[ProbeResult] = []
-    rate = float(rate_min)
+    rate = float(rate_min if start_rate is None else max(start_rate, rate_min))
     note = f"not converged within {max_probes} probes"
     converged = False
     while True:
@@ -352,7 +368,11 @@ def search_slo_boundary(
             on_probe(len(probes) - 1, rate, res)
         st.add(res)
         if st.lo is None:
-            note = f"SLO not met at the lowest rate {probes[0].rate:g} req/s"
+            if rate > rate_min * (1 + 1e-9) and len(probes) < max_probes:
+                step = st.g**2 if len(probes) == 1 else EXPAND_FACTOR**0.5
+                rate = max(float(rate_min), rate / step)
+                continue
+            note = f"SLO not met at the lowest rate {rate:g} req/s" + _why_all_failed(res)
             break
         if st.hi is None and rate_max is not None and st.lo[0] >= rate_max:
             converged, note = True, f"SLO met at rate_max {rate_max:g}; the boundary is higher"
@@ -362,6 +382,11 @@ def search_slo_boundary(
             break
         if len(probes) >= max_probes:
             break
+        if st.hi is None and hint_hi is not None and hint_hi > st.lo[0]:
+            rate, hint_hi = min(hint_hi, rate_max or math.inf), None
+            if rate <= st.lo[0]:
+                rate = st.expand(rate_max)
+            continue
         rate = st.refine() if st.hi is not None else st.expand(rate_max)
     lo_rate = st.lo[0] if st.lo else None
     best = next((p for p in probes if p.met and p.rate == lo_rate), None)

@@ -9,7 +9,9 @@ chunks, E2EL; percentiles are numpy's linear ones. Two deliberate differences:
   the window (tokens arriving, requests finishing) by the window length.
 * Failed requests are never dropped: they count as SLO misses, are reported by status, and enter
   the TTFT / TPOT / E2EL percentiles as +inf, so a run that loses its slowest requests cannot
-  look faster than one that serves them. Means are over successful requests only.
+  look faster than one that serves them. Means are over successful requests only. Tokens of
+  failed or cancelled requests never count in a throughput: the server produced them, but
+  nobody received an answer.
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ class LoadSummary:
     aborted_early: bool = False
     abort_reason: str | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the first failed request's status and error text: what a user needs when all failed
+    first_error: str | None = None
 
     @property
     def n_failed(self) -> int:
@@ -206,7 +210,7 @@ def summarize(run: RunRecord, slo: Slo, *, warmup_s: float, cooldown_s: float) -
     good = [r for r in inside if request_meets_slo(r, slo)]
 
     def tokens_in_window(rs: Sequence[RequestRecord]) -> int:
-        return sum(1 for r in rs for t in r.token_times_s if start <= t <= end)
+        return sum(1 for r in rs if r.ok for t in r.token_times_s if start <= t <= end)
 
     finished = [r for r in run.requests if r.ok and r.end_s is not None and start <= r.end_s <= end]
     good_ids = {id(r) for r in run.requests if request_meets_slo(r, slo)}
@@ -221,6 +225,11 @@ def summarize(run: RunRecord, slo: Slo, *, warmup_s: float, cooldown_s: float) -
     if run.aborted_early:
         violations.append(f"aborted early: {run.abort_reason or 'no reason given'}")
     failed = Counter(r.status for r in run.requests if not r.ok)
+    first_bad = next((r for r in run.requests if not r.ok and r.status != "cancelled"), None)
+    first_error = None
+    if first_bad is not None:
+        code = f" HTTP {first_bad.http_status}" if first_bad.http_status else ""
+        first_error = f"{first_bad.status}{code}: {(first_bad.error or 'no message')[:300]}"
     return LoadSummary(
         mode=run.mode,
         target=run.target,
@@ -246,6 +255,7 @@ def summarize(run: RunRecord, slo: Slo, *, warmup_s: float, cooldown_s: float) -
         aborted_early=run.aborted_early,
         abort_reason=run.abort_reason,
         notes=tuple(notes),
+        first_error=first_error,
     )
 
 

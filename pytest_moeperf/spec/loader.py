@@ -40,7 +40,15 @@ TOP_FIELDS = (
     "name", "model", "engine_args", "parallelism", "workload", "arrival", "slo", "search",
     "window", "runs",
 )  # fmt: skip
-MODEL_FIELDS = ("path", "served_name", "dtype", "max_model_len", "load_format", "tokenizer")
+MODEL_FIELDS = (
+    "path",
+    "served_name",
+    "dtype",
+    "max_model_len",
+    "load_format",
+    "tokenizer",
+    "prefix_caching",
+)
 PARALLEL_FIELDS = (
     "tensor", "data", "pipeline", "expert", "distributed_executor_backend", "ray_address",
 )  # fmt: skip
@@ -130,7 +138,17 @@ def _model(ctx: FieldCtx, m: dict[str, Any]) -> ModelSpec:
         dtype=ctx.str_(m, p, "dtype", "bfloat16"),
         load_format=ctx.str_(m, p, "load_format", None),
         tokenizer=ctx.str_(m, p, "tokenizer", None),
+        prefix_caching=_prefix_caching(ctx, m),
     )
+
+
+def _prefix_caching(ctx: FieldCtx, m: dict[str, Any]) -> bool | None:
+    """``true``/``false``, or absent (vLLM's default, which is on): the hit rate is recorded."""
+    v = m.get("prefix_caching")
+    if v is not None and not isinstance(v, bool):
+        ctx.fail(("model", "prefix_caching"), v, "must be true or false",
+                 "write `prefix_caching: false` to measure every prompt's prefill")  # fmt: skip
+    return v
 
 
 def _parallelism(ctx: FieldCtx, m: dict[str, Any]) -> ParallelismSpec:

@@ -34,6 +34,8 @@ DERIVED_FLAGS: dict[str, str] = {
     "load-format": "model.load_format",
     "served-model-name": "model.served_name",
     "tokenizer": "model.tokenizer",
+    "enable-prefix-caching": "model.prefix_caching",
+    "no-enable-prefix-caching": "model.prefix_caching",
     "model": "model.path",
 }
 
@@ -51,6 +53,10 @@ class ModelSpec:
     dtype: str = "bfloat16"
     load_format: str | None = None
     tokenizer: str | None = None
+    #: vLLM's automatic prefix caching: True/False sets it; None leaves vLLM's default (on).
+    #: Repeated prompt prefixes are served from cache, so a run that hits it measures mostly
+    #: decode: the hit rate of every probe is recorded either way.
+    prefix_caching: bool | None = None
 
 
 #: ``parallelism.distributed_executor_backend`` values: vLLM's own executors ("mp" on one node,
@@ -187,6 +193,10 @@ class Spec:
                 out[f.name] = value
             elif isinstance(value, ParallelismSpec):
                 out[f.name] = value.canonical()
+            elif isinstance(value, ModelSpec):
+                out[f.name] = asdict(value)
+                if value.prefix_caching is None:  # unset: older specs keep their hash
+                    out[f.name].pop("prefix_caching")
             else:
                 d = asdict(value)
                 d.pop("resolved_path", None)
@@ -229,6 +239,10 @@ class Spec:
         args += ["--dtype", m.dtype, "--max-model-len", str(m.max_model_len)]
         if m.load_format is not None:
             args += ["--load-format", m.load_format]
+        if m.prefix_caching is not None:
+            args.append(
+                "--enable-prefix-caching" if m.prefix_caching else "--no-enable-prefix-caching"
+            )
         if m.tokenizer is not None:
             tok = m.tokenizer
             args += ["--tokenizer", tok if is_named_model(tok) else str(self.resolve_path(tok))]
