@@ -27,3 +27,16 @@ def test_h200_fixed_in_tree(moeperf) -> None:  # type: ignore[no-untyped-def]
     assert metrics["slo_goodput_tok_s"]["center"] is not None
     assert metrics["tok_per_j"]["center"] is not None, metrics["tok_per_j"]
     assert metrics["mbu"]["center"] is not None, metrics["mbu"]
+
+
+@pytest.mark.moeperf_gpu
+@pytest.mark.moeperf_spec("h200-fixed-1024-128-fp8.yaml")
+@pytest.mark.moeperf_moe_config("in-tree")
+def test_h200_fixed_fp8_in_tree(moeperf) -> None:  # type: ignore[no-untyped-def]
+    """FP8 (fp8_w8a8): the same requests; vLLM reads the dtype=fp8_w8a8 config file."""
+    result = moeperf.run()
+    metrics = result.data["metrics"]
+    assert metrics["slo_goodput_tok_s"]["center"] is not None
+    assert any("fp8_w8a8" in p for p in result.data["moe_config"]["loaded"]), result.data[
+        "moe_config"
+    ]
