@@ -85,7 +85,9 @@ def _git_commit(cwd: Path | None) -> str:
         commit = git("rev-parse", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        # a copy without .git (a GPU runner's work tree): the runner says which commit it is
+        env = os.environ.get("MOEPERF_GIT_COMMIT", "").strip()
+        return f"{env} (MOEPERF_GIT_COMMIT)" if env else "unknown"
     return commit + ("-dirty" if dirty else "")
 
 
