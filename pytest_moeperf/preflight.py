@@ -63,13 +63,27 @@ def _check_moe_config(item: pytest.Item) -> None:
 
 
 def check_baselines(config: pytest.Config, test_id: str) -> None:
-    """Read every baseline file of this test: a truncated or too new one fails now."""
+    """Read every baseline file of this test: a truncated, too new or misplaced one fails now."""
     from pytest_moeperf.baseline.storage import BaselineStore, read_baseline_file
 
     root = options.resolve_path(config, "moeperf_baseline_dir")
     if root is None:
         return
-    folder = BaselineStore(root).dir_for(test_id)
+    store = BaselineStore(root)
+    folder = store.dir_for(test_id)
     if folder.is_dir():
         for path in sorted(folder.glob("*.json")):
-            read_baseline_file(path)
+            baseline = read_baseline_file(path)
+            if baseline.test_id != test_id:  # the store refuses it after measuring
+                _wrong_test(path, baseline.test_id, test_id, store.dir_for(baseline.test_id))
+
+
+def _wrong_test(path: Path, got: str, want: str, home: Path) -> None:
+    from pytest_moeperf.moeconfig.validate import line_of_key
+
+    line = line_of_key(path.read_text(encoding="utf-8"), "test_id")
+    raise UsageError(f"{path}:{line}" if line else str(path), "test_id", got,
+                     f"this folder holds the baselines of {want!r}, so the store would refuse "
+                     "this file after the measurement",
+                     f"move the file to the folder of {got!r} ({home}), or re-record the "
+                     "baseline of this test")  # fmt: skip
