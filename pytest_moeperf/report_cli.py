@@ -38,15 +38,31 @@ def run(args: argparse.Namespace) -> int:
     from pytest_moeperf.report.render import read_results_file, write_report
 
     try:
+        out = _out_path(args.out)
         payloads = [read_results_file(Path(p)) for p in args.results]
-        html_path, md_path = write_report(
-            payloads, Path(args.out), title=args.title, sources=list(args.results)
-        )
+        html_path, md_path = write_report(payloads, out, title=args.title,
+                                          sources=list(args.results))  # fmt: skip
     except UsageError as e:
         print(f"moeperf report: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except OSError as e:  # nothing was claimed written: name the path and why
+        where = f": {e.filename}" if isinstance(e.filename, str) else ""
+        print(f"moeperf report: error: --out = {args.out!r}: report not written "
+              f"({e.strerror or type(e).__name__}{where}). Fix: give --out a path in a "
+              "writable folder", file=sys.stderr)  # fmt: skip
+        return EXIT_BAD_INPUT
     print(f"report written to {html_path} and {md_path}")
     return EXIT_OK
+
+
+def _out_path(text: str) -> Path:
+    """``--out`` as a file stem: a folder-only value ('', '.', '/') has no name to give."""
+    path = Path(text)
+    if not text.strip() or not path.name or path.name in (".", ".."):
+        raise UsageError("command line", "--out", text,
+                         "names no file (the report needs a file stem)",
+                         "give a path like reports/nightly (writes nightly.html, .md)")  # fmt: skip
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> int:

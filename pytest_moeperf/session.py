@@ -49,6 +49,12 @@ class MoePerfSession:
         self.warnings: list[str] = []
         self.ab_summaries: list[str] = []  # Markdown blocks of the A/B gate, one per case
         self._relayed = (0, 0)  # results, warnings already sent to the xdist controller
+        #: Where each file really went (None: not written); the summary claims nothing else.
+        self.results_written: Path | None = None
+        self.report_written: Path | None = None
+        self.ab_summary_written: Path | None = None
+        #: A file that could not be written where asked: pytest's exit status then says so.
+        self.write_failed = False
 
     @property
     def is_xdist_worker(self) -> bool:
@@ -113,15 +119,12 @@ class MoePerfSession:
             tr.write_line("warning: " + w)
         if self.benchmark_written is not None:
             tr.write_line(f"pytest-benchmark JSON written to {self.benchmark_written}")
-        path = self.results_path()
-        if path is not None and self.results:
-            tr.write_line(f"results written to {path}")
-        report = self.report_path()
-        if report is not None and self.results:
-            tr.write_line(f"report written to {report.with_suffix('.html')} and .md")
-        summary = options.resolve_path(self.config, "moeperf_ab_summary")
-        if self.ab_summaries and summary is not None:
-            tr.write_line(f"A/B summary for the PR written to {summary}")
+        if self.results_written is not None:
+            tr.write_line(f"results written to {self.results_written}")
+        if self.report_written is not None:
+            tr.write_line(f"report written to {self.report_written.with_suffix('.html')} and .md")
+        if self.ab_summary_written is not None:
+            tr.write_line(f"A/B summary for the PR written to {self.ab_summary_written}")
 
     def results_path(self) -> Path | None:
         return options.resolve_path(self.config, "moeperf_results")
@@ -153,14 +156,18 @@ class MoePerfSession:
     def finish(self) -> None:
         if not self.results or self.is_xdist_worker:  # the controller writes the files
             return
-        summary = options.resolve_path(self.config, "moeperf_ab_summary")
-        if self.ab_summaries and summary is not None:
-            summary.parent.mkdir(parents=True, exist_ok=True)
-            summary.write_text("\n".join(self.ab_summaries), encoding="utf-8")
         path = self.results_path()
         data = self.payload()
         if path is not None:
-            write_json_atomic(path, data)
+            self._write_results(path, data)  # first: nothing below may lose the measurements
+        summary = options.resolve_path(self.config, "moeperf_ab_summary")
+        if self.ab_summaries and summary is not None:
+            try:
+                summary.parent.mkdir(parents=True, exist_ok=True)
+                summary.write_text("\n".join(self.ab_summaries), encoding="utf-8")
+                self.ab_summary_written = summary
+            except OSError as exc:
+                self._write_failure("A/B summary", summary, "moeperf_ab_summary", exc)
         report = self.report_path()
         if report is not None:
             try:
@@ -170,8 +177,11 @@ class MoePerfSession:
                     [data],
                     report,
                     title="moeperf nightly",
-                    sources=[str(path)] if path is not None else None,
+                    sources=[str(self.results_written or path)] if path is not None else None,
                 )
+                self.report_written = report
+            except OSError as exc:
+                self._write_failure("report", report, "moeperf_report", exc)
             except Exception as exc:  # a report bug must not hide the results file
                 self.warnings.append(f"report not written: {type(exc).__name__}: {exc}")
         bench = self.benchmark_json_path()
@@ -181,10 +191,44 @@ class MoePerfSession:
 
                 write_json_atomic(bench, to_benchmark_json(data, source="this session"))
                 self.benchmark_written = bench
+            except OSError as exc:
+                self._write_failure("pytest-benchmark JSON", bench, "moeperf_benchmark_json", exc)
             except Exception as exc:  # like the report: never hide the results file
                 where = options.resolve(self.config, "moeperf_benchmark_json").source
                 self.warnings.append(f"pytest-benchmark JSON not written to {bench} ({where}): "
                                      f"{type(exc).__name__}: {exc}")  # fmt: skip
+
+    def _write_results(self, path: Path, data: dict[str, Any]) -> None:
+        """The results file, or, where ``path`` cannot be written, a fallback in the temp dir:
+        an unwritable path must not cost the night's measurements."""
+        try:
+            write_json_atomic(path, data)
+            self.results_written = path
+            return
+        except OSError as exc:
+            error = exc
+        fallback = None
+        with contextlib.suppress(OSError):
+            fd, name = tempfile.mkstemp(prefix="moeperf-results-", suffix=".json")
+            os.close(fd)
+            write_json_atomic(Path(name), data)
+            fallback = self.results_written = Path(name)
+        saved = f"saved to {fallback} instead" if fallback else "no fallback could be written"
+        self._write_failure("results", path, "moeperf_results", error, saved)
+
+    def _write_failure(self, what: str, path: Path, setting: str, exc: OSError,
+                       saved: str = "") -> None:  # fmt: skip
+        """One warning line: the path, the option it came from, why, and the fix."""
+        self.write_failed = True
+        s = options.BY_NAME[setting]
+        where = options.resolve(self.config, setting).source
+        why = exc.strerror or type(exc).__name__
+        self.warnings.append(
+            f"{where}: {s.name} = {str(path)!r}: {what} not written ({why}"
+            f"{': ' + exc.filename if isinstance(exc.filename, str) else ''})"
+            f"{'; ' + saved if saved else ''}. Fix: give {s.flag} / {s.env} / {s.ini} a path "
+            "in a writable folder"
+        )
 
 
 def command_line(argv: list[str]) -> str:

@@ -237,8 +237,10 @@ def test_unwritable_path_is_one_warning_naming_the_option(pytester: pytest.Pytes
     result = pytester.runpytest("--moeperf-benchmark-json", "taken",
                                 "-p", "no:cacheprovider")  # fmt: skip
     result.assert_outcomes(passed=1)  # the perf result itself is fine; the results file is kept
-    result.stdout.fnmatch_lines(["warning: pytest-benchmark JSON not written to *taken "
-                                 "(command line --moeperf-benchmark-json): *"])  # fmt: skip
+    result.stdout.fnmatch_lines(["warning: command line --moeperf-benchmark-json: "
+                                 "moeperf_benchmark_json = '*taken': pytest-benchmark JSON not "
+                                 "written (*). Fix: give --moeperf-benchmark-json *"])  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # a file asked for is missing
     assert (pytester.path / "moeperf-results" / "results.json").is_file()
 
 
