@@ -2,7 +2,7 @@
 
 Every input a perf test will read is checked here and the first problem is raised as one
 ``UsageError`` naming its source: the markers (and the MoE config files they point at), the
-workload spec (file and line), every plugin option (command line, environment or ini file) and
+workload spec (file and line, its engine_args against vLLM's own parser), every plugin option (command line, environment or ini file) and
 the test's stored baselines (file and line). A nightly job with a bad baseline file would
 otherwise measure for an hour and then fail on reading it.
 """
@@ -10,11 +10,15 @@ otherwise measure for an hour and then fail on reading it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from pytest_moeperf import markers, options
 from pytest_moeperf.errors import UsageError
+
+if TYPE_CHECKING:
+    from pytest_moeperf.spec.model import Spec
 
 #: Fixtures whose tests start servers: their inputs are checked before setup.
 SERVER_FIXTURES = ("moeperf", "moeperf_ab", "moeperf_server_factory")
@@ -30,20 +34,38 @@ def check_item(item: pytest.Item) -> None:
     markers.accuracy_gate(item)
     markers.exclusive(item)
     _check_moe_config(item)
-    choice = None
+    choice = spec = None
     if item.get_closest_marker("moeperf_spec") is not None:
         choice = markers.spec_choice(item, specs_dir(item.config))
     if choice is not None:
         from pytest_moeperf.spec.loader import load_spec
 
-        load_spec(choice.path)
+        spec = load_spec(choice.path)
     names = getattr(item, "fixturenames", ())
     if not any(f in names for f in SERVER_FIXTURES):
         return
     for setting in options.SETTINGS:
         options.resolve(item.config, setting.name)
+    if spec is not None and spec.engine_args:
+        _check_engine_args(item, spec)
     if "moeperf" in names:
         check_baselines(item.config, item.nodeid)
+
+
+def _check_engine_args(item: pytest.Item, spec: Spec) -> None:
+    """engine_args against vLLM's own parser; where vLLM is not here, the result says so."""
+    from pytest_moeperf.spec.vllm_flags import check_engine_args, server_flags
+
+    known = server_flags(options.resolve_path(item.config, "moeperf_cache_dir"))
+    if known.flags is None:
+        item.user_properties.append(("moeperf.engine_args_check", known.note))
+        from pytest_moeperf.plugin import SESSION_KEY
+
+        session = item.config.stash.get(SESSION_KEY, None)
+        if session is not None and known.note not in session.warnings:
+            session.warn(known.note)  # in the terminal summary and the results JSON
+        return
+    check_engine_args(spec, known)
 
 
 def _check_moe_config(item: pytest.Item) -> None:
