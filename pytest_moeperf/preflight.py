@@ -2,9 +2,10 @@
 
 Every input a perf test will read is checked here and the first problem is raised as one
 ``UsageError`` naming its source: the markers (and the MoE config files they point at), the
-workload spec (file and line, its engine_args against vLLM's own parser), every plugin option (command line, environment or ini file) and
-the test's stored baselines (file and line). A nightly job with a bad baseline file would
-otherwise measure for an hour and then fail on reading it.
+workload spec (file and line; its engine_args against vLLM's own parser), every plugin option
+(command line, environment or ini file) and the test's stored baselines (file and line). A
+nightly job with a bad baseline file would otherwise measure for an hour and then fail on
+reading it.
 """
 
 from __future__ import annotations
