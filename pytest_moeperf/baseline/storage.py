@@ -30,6 +30,8 @@ from pytest_moeperf.errors import UsageError
 SCHEMA_VERSION = 1
 LOCK_NAME = ".moeperf-baseline.lock"
 _RERECORD = "restore the file from git or re-record the baseline"
+#: Far above any real baseline (a few KiB); bounds what a reader takes into memory.
+MAX_FILE_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)
@@ -206,14 +208,11 @@ def _check_metrics(metrics: object, source: str) -> dict[str, list[float]]:
         raise UsageError(source, "metrics", metrics, "must be an object", _RERECORD)
     out: dict[str, list[float]] = {}
     for name, values in metrics.items():
-        ok = isinstance(values, list) and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-            for v in values
-        )
+        ok = isinstance(values, list) and all(_finite_number(v) for v in values)
         if not ok:
             raise UsageError(
                 source,
-                f"metrics.{name}",
+                f"metrics.{name if str(name).isprintable() else repr(name)}",  # one line
                 values,
                 "must be a list of finite numbers (one per run)",
                 _RERECORD,
@@ -222,10 +221,25 @@ def _check_metrics(metrics: object, source: str) -> dict[str, list[float]]:
     return out
 
 
+def _finite_number(v: object) -> bool:
+    """A JSON number a float can hold: no bool, NaN, infinity or int beyond float range."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int such as 10**400
+        return False
+
+
 def read_baseline_file(path: Path) -> Baseline:
     """Read and validate one baseline file; corrupt JSON is reported with line and column."""
     source = str(path)
     try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:  # never read a stray dump into memory
+            raise UsageError(source, "file", source,
+                             f"is {size / 2**20:.0f} MiB; a baseline file is a few KiB, so "
+                             "this is not one", _RERECORD)  # fmt: skip
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UsageError(source, "file", source, "does not exist", "check the path") from None
@@ -239,6 +253,11 @@ def read_baseline_file(path: Path) -> Baseline:
         if not text.strip():
             problem = "is empty: the file was truncated"
         raise UsageError(source, "JSON", where, problem, _RERECORD) from e
+    except (ValueError, RecursionError) as e:  # a 5,000-digit number; arrays nested 100,000 deep
+        problem = ("nests deeper than a JSON reader allows" if isinstance(e, RecursionError)
+                   else f"cannot be read as JSON ({str(e).split(';')[0]})")  # fmt: skip
+        raise UsageError(source, "JSON", "the whole file", f"{problem}: the file is corrupt",
+                         _RERECORD) from None  # fmt: skip
     try:
         return Baseline.from_dict(data, source=source)
     except UsageError as e:
