@@ -65,7 +65,7 @@ class FieldCtx:
 
     def fail(self, path: FieldPath, value: object, problem: str, fix: str) -> NoReturn:
         where = f"{self.source}:{self.line(path)}"
-        raise UsageError(where, ".".join(path) or "spec", value, problem, fix)
+        raise short_error(where, dotted(path), value, problem, fix)
 
     def mapping(self, value: object, path: FieldPath, allowed: Sequence[str]) -> dict[str, Any]:
         if not isinstance(value, dict):
@@ -171,6 +171,34 @@ class FieldCtx:
         return value
 
 
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
+
+
+def dotted(path: FieldPath) -> str:
+    """``workload.seed``; an odd key (a newline, 200 characters) shown quoted and cut, so the
+    error stays one line."""
+    parts = [k if _PLAIN_KEY.match(k) else repr(_Shown(k)) for k in path]
+    return ".".join(parts) or "spec"
+
+
+class _Shown:
+    """A value as an error shows it: its repr, cut to 120 characters."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        text = repr(self.value)
+        return text if len(text) <= 120 else text[:117] + "..."
+
+
+def short_error(source: str, what: str, value: object, problem: str, fix: str) -> UsageError:
+    """A UsageError that keeps ``value`` itself but shows a long one cut, in one line."""
+    err = UsageError(source, what, value, problem, fix)
+    err.args = (str(UsageError(source, what, _Shown(value), problem, fix)),)
+    return err
+
+
 def line_index(node: yaml.Node, path: FieldPath, out: dict[FieldPath, int], source: str) -> None:
     """Record the line of every field; reject duplicate keys, which PyYAML would silently merge."""
     out.setdefault(path, node.start_mark.line + 1)
@@ -180,10 +208,8 @@ def line_index(node: yaml.Node, path: FieldPath, out: dict[FieldPath, int], sour
             key = str(key_node.value)
             line = key_node.start_mark.line + 1
             if key in seen:
-                dotted = ".".join((*path, key))
-                raise UsageError(
-                    f"{source}:{line}", dotted, key, "field given twice", "keep one of the two"
-                )
+                raise short_error(f"{source}:{line}", dotted((*path, key)), key,
+                                  "field given twice", "keep one of the two")  # fmt: skip
             seen.add(key)
             out[(*path, key)] = line
             line_index(value_node, (*path, key), out, source)

@@ -12,10 +12,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.spec._fields import MISSING, FieldCtx, FieldPath, line_index
+from pytest_moeperf.spec._yaml import compose_and_load
 from pytest_moeperf.spec.model import (
     DEFAULT_COOLDOWN_FRACTION,
     DEFAULT_WARMUP_FRACTION,
@@ -74,21 +73,16 @@ def load_spec(path: Path) -> Spec:
         raise UsageError(
             str(path), "spec file", str(path), f"cannot be read ({exc.strerror})", "check the path"
         ) from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(str(path), "spec file", str(path),
+                         f"is not UTF-8 text (byte {exc.start}: {exc.reason})",
+                         "save the spec as UTF-8") from None  # fmt: skip
     return load_spec_text(text, str(path), base_dir=path.parent.resolve())
 
 
 def load_spec_text(text: str, source: str = "<string>", *, base_dir: Path | None = None) -> Spec:
     """Validate spec text; ``source`` names it in errors, ``base_dir`` anchors relative paths."""
-    try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else 1
-        raise UsageError(
-            f"{source}:{line}", "spec", text.splitlines()[line - 1] if text else "",
-            f"is not valid YAML ({exc.problem})", "fix the YAML syntax on that line",
-        ) from exc  # fmt: skip
+    root, data = compose_and_load(text, source)  # bounded: no alias bomb gets past it
     lines: dict[FieldPath, int] = {}
     if root is not None:
         line_index(root, (), lines, source)
