@@ -104,10 +104,11 @@ def test_server_killed_mid_probe_is_partial_and_never_a_baseline(
     )  # fmt: skip
     out = result.stdout.str()
     result.assert_outcomes(failed=1)
-    seen = _probes(probes)
-    assert [p[1] for p in seen] == ["1", "2"], seen
-    rate = float(seen[1][2])
-    pgid = int(seen[1][3])
+    seen = _probes(probes)  # one line per load attempt: a too-short probe 1 is rerun longer
+    assert list(dict.fromkeys(p[1] for p in seen)) == ["1", "2"], seen
+    assert seen[-1][1] == "2", seen
+    rate = float(seen[-1][2])
+    pgid = int(seen[-1][3])
     assert f"server died during probe 2 at rate {rate:g} req/s (run 1 of 1)" in out, out
     assert "server exit code -9" in out and "--- server log (last lines) ---" in out
     assert "baseline not-written: server died during probe 2" in out
@@ -117,7 +118,7 @@ def test_server_killed_mid_probe_is_partial_and_never_a_baseline(
     assert res["outcome"] == "partial" and res["partial"] is True
     assert res["reasons"][0].startswith(f"server died during probe 2 at rate {rate:g}")
     first, died = res["partial_probes"]
-    assert first["rate"] == float(seen[0][2]) and first["summary"]["n_requests"] == 16
+    assert first["rate"] == float(seen[0][2]) and first["summary"]["n_requests"] >= 16
     assert died["rate"] == rate and died["aborted"] and died["partial"]
     assert (
         died["planned_requests"] >= 16

@@ -144,8 +144,9 @@ def measure_run(
                 done.pop()
             result, needed = probe_once(rate, abort)
             if discarded:
-                result = replace(result, summary={**result.summary,
-                                                  "too_short_attempts": list(discarded)})
+                result = replace(
+                    result, summary={**result.summary, "too_short_attempts": list(discarded)}
+                )
                 done[-1] = result.to_dict()
             if needed is None or attempt == MAX_EXTENSIONS:
                 return result

@@ -6,8 +6,10 @@ p99(r) = a + b * r / (c - r) (c = capacity; c = inf is a straight line) to the p
 aims at the rate where the curve meets the SLO; an overloaded probe's achieved throughput
 estimates c. Each aim is straddled by +-tolerance/2 so that two probes near a good estimate
 certify the bracket [met, failed] to within the tolerance. Without a usable fit it falls back to
-x4 expansion, regula falsi on the headroom and log-space bisection. A probe that can no longer
-meet the SLO is stopped early by the ``AbortCheck`` the search hands it.
+x4 expansion, regula falsi on the headroom and log-space bisection; a bracket whose failing
+end met every p99 but was not a steady state is bisected in log space, since there the p99s say
+nothing about the boundary. A probe that can no longer meet the SLO is stopped early by the
+``AbortCheck`` the search hands it.
 """
 
 from __future__ import annotations
@@ -167,6 +169,18 @@ def _p99s(result: ProbeResult, slo: Slo) -> dict[str, float]:
     return out
 
 
+def curve_miss(result: ProbeResult, slo: Slo) -> bool:
+    """Whether the miss is one the queueing curves model: a p99 above its SLO, or a probe
+    stopped as overloaded (p99 +inf, whose throughput estimates the capacity). A probe whose
+    p99s all met the SLO but which was not a steady state is not."""
+    if result.met:
+        return False
+    limits = {"ttft": slo.ttft_p99_ms, "tpot": slo.tpot_p99_ms, "e2el": slo.e2el_p99_ms}
+    p99s = _p99s(result, slo)
+    return result.aborted or not p99s or any(p > (limits[k] or math.inf)
+                                             for k, p in p99s.items())  # fmt: skip
+
+
 def headroom(result: ProbeResult, slo: Slo) -> float:
     """min over SLO metrics of target / p99 (0 for +inf), consistent with ``result.met``."""
     limits = {"ttft": slo.ttft_p99_ms, "tpot": slo.tpot_p99_ms, "e2el": slo.e2el_p99_ms}
@@ -259,12 +273,14 @@ class _State:
     probes: list[ProbeResult] = field(default_factory=list)
     capacity: float | None = None
     widths: list[float] = field(default_factory=list)
+    hi_by_p99: bool = True  # the lowest failing probe missed on a finite p99 (see refine)
 
     def add(self, res: ProbeResult) -> None:
         self.probes.append(res)
         h = headroom(res, self.slo)
         if not res.met and (self.hi is None or res.rate < self.hi[0]):
             self.hi = (res.rate, h)
+            self.hi_by_p99 = curve_miss(res, self.slo)
             cap = _capacity(res)
             if cap is not None:
                 self.capacity = cap
@@ -286,6 +302,11 @@ class _State:
         assert self.lo is not None and self.hi is not None
         (rl, hl), (rh, hh) = self.lo, self.hi
         self.widths.append(math.log(rh / rl))
+        if not self.hi_by_p99:  # the p99 curves did not fail there: neither they nor the
+            # headroom say where the boundary lies (a steady-state or overload miss), so bisect
+            if rh <= rl * self.g**2 * (1 + 1e-9):
+                return rl * self.g * (1 - 1e-9)
+            return math.sqrt(rl * rh)
         est = model_estimate(self.probes, self.slo, self.capacity)
         if est is None or not rl < est < rh:
             if len(self.widths) >= 3 and self.widths[-1] > 0.5 * self.widths[-3]:

@@ -15,8 +15,8 @@ met only when, over its measured window, all of these hold:
   deviations of the change in requests in the system, about sqrt(2 x mean in the system));
 * **no growing queue**: requests in the system (sent, not finished; from the client's records)
   and, where the server exports it, ``vllm:num_requests_waiting`` show no upward trend whose
-  growth over the window exceeds ``QUEUE_GROWTH_MIN`` requests plus ``QUEUE_GROWTH_FRACTION``
-  of the mean in the system; TTFT of successive requests rises by no more than
+  growth over the window exceeds ``queue_limit`` (counting noise, or a quarter of the mean in
+  the system, plus ``QUEUE_GROWTH_MIN``); TTFT of successive requests rises by no more than
   ``TTFT_RISE_FRACTION`` of the TTFT SLO over the window.
 
 Trends are Theil-Sen slopes (robust to the odd slow request) with their 95 % interval; a trend
@@ -101,6 +101,16 @@ def trend(points: Sequence[tuple[float, float]], window_s: float) -> Trend | Non
                  sum(ys) / len(ys))  # fmt: skip
 
 
+def queue_limit(mean_in_system: float) -> float:
+    """Growth over the window that counts as a growing queue: ``QUEUE_GROWTH_MIN`` plus the
+    larger of ``QUEUE_GROWTH_FRACTION`` of the mean and the counting noise of a steady queue
+    (3 x sqrt(2 x mean + 1), as for falling behind). On the H200 the fraction alone (11-12 at a
+    mean of 30) rejected probes whose completions kept up; the noise term keeps the two rules of
+    one quantity (sends - completions = growth of the queue) consistent."""
+    noise = 3.0 * math.sqrt(2.0 * max(mean_in_system, 0.0) + 1.0)
+    return QUEUE_GROWTH_MIN + max(QUEUE_GROWTH_FRACTION * mean_in_system, noise)
+
+
 def in_system_series(records: Sequence[RequestRecord], start: float, end: float,
                      points: int = GRID_POINTS) -> list[tuple[float, float]]:  # fmt: skip
     """Requests sent and not yet finished at evenly spaced times of the window."""
@@ -125,7 +135,9 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
     notes: list[str] = []
     short: list[str] = []
     e2el = median_e2el_s if math.isfinite(median_e2el_s) else 0.0
-    if length < MIN_WINDOW_E2EL * e2el:
+    if length <= 0:  # no rate can be read over no time (sends at one instant, no latency)
+        short.append(f"window [{start:.1f}, {end:.1f}] s has no length")
+    elif length < MIN_WINDOW_E2EL * e2el:
         short.append(f"window {length:.1f} s is shorter than {MIN_WINDOW_E2EL:g} median "
                      f"request latencies ({MIN_WINDOW_E2EL * e2el:.1f} s)")  # fmt: skip
     if len(sends) < MIN_WINDOW_SENDS:
@@ -148,7 +160,7 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
                        f"req/s sent in the window ({100 * completed / offered:.0f} % < "
                        f"{100 * (1 - COMPLETION_MARGIN):.0f} %)")  # fmt: skip
     if sys_trend is not None:
-        limit = QUEUE_GROWTH_MIN + QUEUE_GROWTH_FRACTION * sys_trend.mean
+        limit = queue_limit(sys_trend.mean)
         if sys_trend.rising(limit):
             reasons.append(f"queue growing: requests in the system rose by "
                            f"{sys_trend.growth:.0f} over the window (mean {sys_trend.mean:.0f}, "
@@ -158,7 +170,7 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
         pts = [(t, v) for t, v in waiting if start <= t <= end]
         wait_trend = trend(pts, length) if length > 0 else None
         mean_sys = sys_trend.mean if sys_trend is not None else 0.0
-        limit = QUEUE_GROWTH_MIN + QUEUE_GROWTH_FRACTION * mean_sys
+        limit = queue_limit(mean_sys)
         if wait_trend is not None and wait_trend.rising(limit):
             reasons.append(
                 f"server queue growing: vllm:num_requests_waiting rose by "
@@ -173,7 +185,8 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
         reasons.append(f"TTFT rising: +{ttft_trend.growth * 1e3:.0f} ms over the window "
                        f"(limit {rise_limit * 1e3:.0f} ms)")  # fmt: skip
     return SteadyCheck(
-        steady=not reasons, too_short=False, reasons=tuple(reasons), window_s=length, sends=len(sends),
+        steady=not reasons, too_short=False, reasons=tuple(reasons), window_s=length,
+        sends=len(sends),
         completions=len(done), offered_rps=offered, completed_rps=completed,
         in_system=sys_trend, waiting=wait_trend, ttft=ttft_trend,
         server_metrics=bool(waiting), notes=tuple(notes),
