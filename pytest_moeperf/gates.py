@@ -22,7 +22,8 @@ REFRESH_HINT = "pytest {target} --moeperf-refresh-baselines --moeperf-reason '..
 
 @dataclass
 class BaselineOutcome:
-    status: str  # "compared" | "missing" | "other-hardware" | "unreadable"
+    status: str  # "compared" | "missing" | "other-hardware" | "other-setup" | "uncalibrated"
+    #              | "unreadable"
     path: str | None
     verdicts: list[Verdict] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
@@ -78,10 +79,22 @@ def compare(
             (out.failures if ci_mode else out.warnings).append(msg)
             return out
     assert baseline is not None
+    other = None if allow_other_hardware else _other_machine(test_id, key, baseline, path, hint)
+    if other is not None:  # a refresh replaces it: say so, never fail the run that fixes it
+        out = BaselineOutcome(other[0], path, baseline=baseline)
+        msg = other[1] + (" (this refresh replaces it)" if refreshing else "")
+        (out.failures if ci_mode and not refreshing else out.warnings).append(msg)
+        return out
     out = BaselineOutcome("compared", path, baseline=baseline)
     names = [n for n in candidate if n in baseline.metrics and candidate[n] and baseline.metrics[n]]
     out.verdicts = judge_all(baseline.metrics, {n: candidate[n] for n in names},
                              source=f"baseline {path}")  # fmt: skip
+    measured = [n for n in candidate if candidate[n]]
+    if measured and not any(v.gating for v in out.verdicts):  # compared nothing: no gate
+        out.failures.append(f"baseline {path} shares no gated metric with this run (baseline: "
+                            f"{', '.join(sorted(baseline.metrics))}; this run: "
+                            f"{', '.join(measured)}), so nothing was compared. Fix: re-record "
+                            f"it with `{hint}`")  # fmt: skip
     for v in out.verdicts:
         if v.fails:
             out.failures.append(f"{v.metric} regressed vs baseline: {v.reason}")
@@ -90,6 +103,31 @@ def compare(
     if accuracy is not None and accuracy_gate is not None:
         out.accuracy = _accuracy_verdict(baseline, accuracy, accuracy_gate, path, out)
     return out
+
+
+def _other_machine(test_id: str, key: BaselineKey, baseline: Baseline, path: str,
+                   hint: str) -> tuple[str, str] | None:  # fmt: skip
+    """("other-setup" | "uncalibrated", one line) where the names match but the machine may not:
+    never a regression verdict from a machine that is not the baseline's (docs/verdicts.md)."""
+    from pytest_moeperf.baseline.calibration import TOLERANCE, differences
+
+    here, there = key.calibration, baseline.key.calibration
+    if here is None:  # a remote server: this machine's speed says nothing; names only
+        return None
+    if there is None:
+        return ("uncalibrated",
+                f"baseline {path} has no machine calibration (recorded before calibrations "
+                f"existed), so nothing says this machine ({here.summary()}) is the one it was "
+                f"measured on; not compared. Re-record it here with `{hint}` "
+                "or pass --moeperf-allow-other-hardware")  # fmt: skip
+    diffs = differences(here, there)
+    if not diffs:
+        return None
+    return ("other-setup",
+            f"no baseline for {test_id} on this machine: {path} was recorded on another machine "
+            f"(calibration {'; '.join(diffs)}, here vs baseline; tolerance x{1 + TOLERANCE:g}); "
+            f"not compared. Record one with `{hint}` "
+            "or pass --moeperf-allow-other-hardware")  # fmt: skip
 
 
 def _accuracy_verdict(baseline: Baseline, candidate: dict[str, Any], gate: AccuracyGate,
@@ -104,6 +142,16 @@ def _accuracy_verdict(baseline: Baseline, candidate: dict[str, Any], gate: Accur
         AccuracyResult.from_dict(candidate, source="this run"),
         max_drop_points=gate.max_drop, baseline_source=path, candidate_source="this run",
     )  # fmt: skip
+    if verdict.passed and not verdict.informative:  # passes only where the marker says so
+        from dataclasses import replace
+
+        from pytest_moeperf.accuracy.health import ALLOW_HINT
+
+        verdict = (replace(verdict, reason=f"{verdict.reason}; allowed by {ALLOW_HINT}")
+                   if gate.allow_uninformative else replace(
+                       verdict, passed=False, reason=f"{verdict.reason}. Fix: find why both "
+                       f"runs score near zero, or pass {ALLOW_HINT} to the marker for a model "
+                       "that cannot do gsm8k"))  # fmt: skip
     if not verdict.passed:
         out.failures.append(f"accuracy gate ({gate.source}): {verdict.reason}")
     return verdict.to_dict()
@@ -138,6 +186,16 @@ def refresh(
     """Write the baseline (atomically, via the store) or say why it was not written."""
     if not complete:
         return f"not-written: {why_incomplete or 'partial run'}"
+    path = store.write(candidate(test_id, key, metrics, runs, accuracy=accuracy, reason=reason,
+                                 extra=extra), complete=True)  # fmt: skip
+    return f"written: {path}"
+
+
+def candidate(test_id: str, key: BaselineKey, metrics: Mapping[str, Sequence[float]],
+              runs: list[dict[str, Any]], *, accuracy: dict[str, Any] | None, reason: str,
+              extra: dict[str, Any] | None = None) -> Baseline:  # fmt: skip
+    """The baseline a refresh would write; checked now (``to_json``), written by the caller
+    once the test body has passed (pytest_moeperf.pending)."""
     kept = {k: [float(x) for x in v] for k, v in metrics.items() if v and all(
         x is not None for x in v)}  # fmt: skip
     baseline = Baseline(
@@ -146,5 +204,5 @@ def refresh(
     )  # fmt: skip
     if extra:
         baseline.extra.update(extra)
-    path = store.write(baseline, complete=True)
-    return f"written: {path}"
+    baseline.to_json()  # a value JSON cannot hold fails here, in the test, not after it
+    return baseline

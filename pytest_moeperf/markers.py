@@ -29,7 +29,8 @@ def _moeperf_spec(path: str, *, runs: int | None = None) -> None: ...
 def _moeperf_slo(ttft_p99_ms: float, tpot_p99_ms: float, *,
                  e2el_p99_ms: float | None = None) -> None: ...  # fmt: skip
 def _moeperf_accuracy(task: str = "gsm8k", shots: int = 5, max_drop: float = 1.0, *,
-                      limit: int | None = None) -> None: ...  # fmt: skip
+                      limit: int | None = None,
+                      allow_uninformative: bool = False) -> None: ...  # fmt: skip
 def _moeperf_moe_config(folder: str | None = None, *, files: Mapping[str, Any] | None = None,
                         name: str | None = None) -> None: ...  # fmt: skip
 
@@ -46,7 +47,8 @@ MARKERS: dict[str, tuple[Callable[..., None], str]] = {
                     "p99 end-to-end latency); overrides the spec's slo."),
     "moeperf_accuracy": (_moeperf_accuracy, "accuracy gate: task (gsm8k), few-shot count and "
                          "the largest allowed drop in points vs the baseline, paired per "
-                         "question."),
+                         "question; allow_uninformative=True lets a near-zero model (random "
+                         "weights) pass and be a baseline."),
     "moeperf_moe_config": (_moeperf_moe_config, "fused-MoE config for the test's server: a folder "
                            "of vLLM config JSON files, 'in-tree', or files={name: path-or-dict}."),
 }  # fmt: skip
@@ -78,6 +80,8 @@ class AccuracyGate:
     max_drop: float
     limit: int | None
     source: str
+    #: A near-zero score (the gate cannot see a drop) passes and may be a baseline only if True.
+    allow_uninformative: bool = False
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,11 @@ def accuracy_gate(item: pytest.Item) -> AccuracyGate | None:
     b, source = got
     task, shots = b.arguments["task"], b.arguments["shots"]
     max_drop, limit = b.arguments["max_drop"], b.arguments["limit"]
+    allow = b.arguments["allow_uninformative"]
+    if not isinstance(allow, bool):
+        raise UsageError(source, "allow_uninformative", allow, "must be True or False",
+                         "allow_uninformative=True only for a model that cannot do "
+                         "gsm8k")  # fmt: skip
     if task != "gsm8k":
         raise UsageError(source, "task", task, "unknown accuracy task", "use task='gsm8k'")
     if isinstance(shots, bool) or not isinstance(shots, int) or not 0 <= shots <= 8:
@@ -235,7 +244,7 @@ def accuracy_gate(item: pytest.Item) -> AccuracyGate | None:
                              f"the gsm8k test split has only {n_test} questions ({data})",
                              f"use limit <= {n_test}, or leave limit out to ask all "
                              f"{n_test}")  # fmt: skip
-    return AccuracyGate(task, shots, float(max_drop), limit, source)
+    return AccuracyGate(task, shots, float(max_drop), limit, source, allow)
 
 
 def moe_config_choice(item: pytest.Item) -> MoeConfigChoice | None:

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_moeperf import markers, options
-from pytest_moeperf.errors import MoePerfError, UsageError
+from pytest_moeperf.errors import UsageError
 from pytest_moeperf.load.probe import Endpoint, MbuInputs, RunMeasurement, ServerDied
 from pytest_moeperf.record import (
     collect_metrics,
     metric_entry,
+    result_table,
     slo_failures,
     spec_summary,
     vocab_size,
@@ -96,6 +97,15 @@ class PerfTest:
         plan = self.plan()
         data: dict[str, Any] = {"quick": plan.quick, "config_label": plan.moe.name}
         reasons: list[str] = []
+        root = options.resolve_path(self.config, "moeperf_baseline_dir")
+        from pytest_moeperf import pending
+        from pytest_moeperf.baseline import BaselineStore, calibration
+
+        # the test's baseline files as this run starts: a refresh then sees a concurrent one
+        self._seen = pending.snapshot(BaselineStore(root), self.item.nodeid) if root else {}
+
+        if calibration.on_this_machine(plan.server_url):  # once a session, before a server runs
+            calibration.measure_for_session(self.config)
         endpoint, model_dir, check = self._start(plan)
         env = self._environment(plan, endpoint)
         from pytest_moeperf.hygiene import check_before_load  # after startup, before load
@@ -129,7 +139,12 @@ class PerfTest:
         outcome = "partial" if partial else ("failed" if reasons else "passed")
         result = PerfResult(self.item.nodeid, outcome, data, table=self._table(data),
                             reasons=reasons)  # fmt: skip
-        self.session.record(result)
+        candidate = getattr(self, "_candidate", None)
+        self.session.record(result, notify=candidate is None)
+        if candidate is not None:  # written once the test body has passed (pending.settle)
+            store, baseline = candidate
+            pending.defer(self.item, pending.PendingBaseline(store, baseline, self._seen, result,
+                                                             self._table))  # fmt: skip
         for name, entry in data["metrics"].items():
             self.item.user_properties.append((f"moeperf.{name}", entry["center"]))
         self.item.user_properties.append(("moeperf.outcome", outcome))
@@ -139,7 +154,9 @@ class PerfTest:
 
     def _start(self, plan: Plan) -> tuple[Endpoint, Path | None, str]:
         if plan.server_url:
-            model = _served_model(plan.server_url)
+            from pytest_moeperf.external import served_model
+
+            model = served_model(self.config, plan.server_url)
             return (Endpoint(plan.server_url, model), None,
                     f"declared, not set: {plan.moe.name} on external server "
                     f"{plan.server_url}")  # fmt: skip
@@ -298,7 +315,7 @@ class PerfTest:
                   accuracy: dict[str, Any] | None, data: dict[str, Any], reasons: list[str],
                   partial: str | None) -> None:  # fmt: skip
         from pytest_moeperf import gates
-        from pytest_moeperf.baseline import BaselineKey, BaselineStore
+        from pytest_moeperf.baseline import BaselineKey, BaselineStore, calibration
         from pytest_moeperf.environment import usable_cpus
         from pytest_moeperf.moeconfig.folder import config_hash
         from pytest_moeperf.server.embedded import model_fingerprint
@@ -325,6 +342,7 @@ class PerfTest:
             dp=p.data,
             spec_hash=plan.spec.hash()[:16],
             moe_config_hash=config_hash(folder) if folder else "declared",
+            calibration=calibration.for_key(self.config, env.gpus),
         )
         test_id = self.item.nodeid
         target = self.item.nodeid.split("::")[0]
@@ -349,7 +367,14 @@ class PerfTest:
         for w in outcome.warnings:
             self.session.warn(f"{test_id}: {w}")
         reasons.extend(outcome.failures)
-        if options.value(self.config, "moeperf_refresh_baselines"):
+        refreshing = bool(options.value(self.config, "moeperf_refresh_baselines"))
+        if refreshing and not plan.quick and accuracy is not None and plan.accuracy is not None:
+            from pytest_moeperf.accuracy.health import refresh_refusal
+
+            refused = refresh_refusal(accuracy, plan.accuracy)  # failed requests, near zero
+            if refused:
+                reasons.append(refused)
+        if refreshing:
             # A failed test never overwrites a baseline, a regression included: to accept a
             # slower result on purpose, remove the old file in the same commit, then refresh.
             why = (
@@ -362,51 +387,16 @@ class PerfTest:
                     else "not every run completed with an SLO boundary"
                 )
             )
-            status = gates.refresh(
-                store, test_id, key, metrics, [r.to_dict() for r in runs], accuracy=accuracy,
-                reason=str(options.value(self.config, "moeperf_reason") or ""),
-                complete=why is None, why_incomplete=why)  # fmt: skip
-            data["baseline"]["status"] = status.split(":")[0]
-            data["baseline"]["refresh"] = status
-            if not status.startswith("written"):  # written: the table says so already
-                self.session.warn(f"{test_id}: baseline {status}")
+            if why is not None:
+                data["baseline"]["status"] = "not-written"
+                data["baseline"]["refresh"] = f"not-written: {why}"
+                self.session.warn(f"{test_id}: baseline not-written: {why}")
+                return
+            self._candidate = (store, gates.candidate(
+                test_id, key, metrics, [r.to_dict() for r in runs], accuracy=accuracy,
+                reason=str(options.value(self.config, "moeperf_reason") or "")))  # fmt: skip
+            data["baseline"]["status"] = "pending"
+            data["baseline"]["refresh"] = "pending: written once the test body has passed"
 
     def _table(self, data: dict[str, Any]) -> str:
-        from pytest_moeperf.report.table import format_verdict_table
-
-        lines = [f"{'metric':<20} {'median':>12} {'runs':>5}  unit"]
-        for name, e in data["metrics"].items():
-            c = e["center"]
-            text = "not measured" if c is None else f"{c:.4g}"
-            lines.append(f"{name:<20} {text:>12} {len(e['runs']):>5}  {e['unit']}")
-        lines.append(f"moe config: {data['moe_config']['check']}")
-        if data.get("accuracy"):
-            a = data["accuracy"]
-            lines.append(f"gsm8k {a['shots']}-shot: strict {a['strict_match']:.3f} flexible "
-                         f"{a['flexible_extract']:.3f} (n={a['n']}, {a.get('scope', '')}, "
-                         f"{a['errors']} request errors)")  # fmt: skip
-            v = a.get("verdict")
-            if v:
-                lines.append(f"accuracy gate {'passed' if v['passed'] else 'FAILED'} "
-                             f"({v['metric']}): {v['reason']}")  # fmt: skip
-        verdicts = getattr(self, "_verdicts", [])
-        if verdicts:
-            lines.append(
-                format_verdict_table(
-                    verdicts, title="vs baseline (baseline, candidate: geometric means of the runs)"
-                )
-            )
-        else:
-            lines.append(f"baseline: {data['baseline']['status']} ({data['baseline']['path']})")
-        return "\n".join(lines)
-
-
-def _served_model(base_url: str) -> str:
-    import httpx
-
-    try:
-        r = httpx.get(f"{base_url}/v1/models", timeout=30)
-        r.raise_for_status()
-        return str(r.json()["data"][0]["id"])
-    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-        raise MoePerfError(f"external server {base_url}: GET /v1/models failed: {exc}") from None
+        return result_table(data, getattr(self, "_verdicts", []))

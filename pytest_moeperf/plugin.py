@@ -79,12 +79,17 @@ class _XdistRelay:
 def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
     """A UsageError (a bad path found late) or a ServerError raised inside a test is shown as
     its own message: one line, or the server's command and log tail, without plugin internals.
+    A refreshed baseline prepared by ``moeperf.run()`` is written here, once the body passed.
     On an xdist worker: ship this test's results with its report (pytest serialises it)."""
     report = yield
     exc = call.excinfo
     if exc is not None and report.failed and isinstance(exc.value, UsageError | ServerError):
         report.longrepr = str(exc.value)
     session = item.config.stash.get(SESSION_KEY, None)
+    if session is not None and (call.when != "setup" or report.failed):
+        from pytest_moeperf import pending  # a refresh's file waits for the body's asserts
+
+        pending.settle(item, session, report, exc)
     if session is not None and session.is_xdist_worker:
         payload = session.take_for_controller()
         if payload is not None:

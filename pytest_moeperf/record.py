@@ -6,6 +6,7 @@ Shared by the plain perf test and the A/B gate, so both write the same result re
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +14,7 @@ from pytest_moeperf.load.probe import RunMeasurement
 
 if TYPE_CHECKING:
     from pytest_moeperf.measure import Plan
+    from pytest_moeperf.verdict import Verdict
 
 METRIC_UNITS = {"slo_goodput_tok_s": "tok/s", "slo_rate_rps": "req/s", "output_tok_s": "tok/s",
                 "ttft_p99_ms": "ms", "tpot_p99_ms": "ms", "e2el_p99_ms": "ms",
@@ -83,3 +85,53 @@ def vocab_size(model_dir: Path | None) -> int:
         size = len(t.get("model", {}).get("vocab", {})) + len(t.get("added_tokens", []))
         vocab = min(vocab, max(size, 1))
     return vocab
+
+
+def result_table(data: dict[str, Any], verdicts: Sequence[Verdict]) -> str:
+    """The terminal table of one perf test; drawn again once a deferred refresh is settled."""
+    from pytest_moeperf.report.table import format_verdict_table
+
+    lines = [f"{'metric':<20} {'median':>12} {'runs':>5}  unit"]
+    for name, e in data["metrics"].items():
+        c = e["center"]
+        text = "not measured" if c is None else f"{c:.4g}"
+        lines.append(f"{name:<20} {text:>12} {len(e['runs']):>5}  {e['unit']}")
+    lines.append(f"moe config: {data['moe_config']['check']}")
+    if data.get("accuracy"):
+        lines.extend(_accuracy_lines(data["accuracy"]))
+    if verdicts:
+        lines.append(format_verdict_table(
+            verdicts,
+            title="vs baseline (baseline, candidate: geometric means of the runs)"))  # fmt: skip
+    lines.extend(_baseline_lines(data["baseline"], bool(verdicts)))
+    return "\n".join(lines)
+
+
+def _accuracy_lines(a: dict[str, Any]) -> list[str]:
+    from pytest_moeperf.accuracy.health import request_errors
+
+    failed = request_errors(a.get("per_question") or [])
+    errors = failed or f"{a['errors']} request errors"
+    scope = a.get("scope", "")
+    lines = [f"gsm8k {a['shots']}-shot: strict {a['strict_match']:.3f} flexible "
+             f"{a['flexible_extract']:.3f} (n={a['n']}, {scope}, {errors})"]  # fmt: skip
+    v = a.get("verdict")
+    if v:
+        lines.append(f"accuracy gate {'passed' if v['passed'] else 'FAILED'} ({v['metric']}): "
+                     f"{v['reason']}")  # fmt: skip
+    return lines
+
+
+def _baseline_lines(b: dict[str, Any], compared: bool) -> list[str]:
+    """What became of the baseline: a refresh always says whether its file was written."""
+    refresh = b.get("refresh")
+    if refresh is None:
+        return [] if compared else [f"baseline: {b['status']} ({b['path']})"]
+    state, _, detail = str(refresh).partition(": ")
+    if state == "written":
+        line = f"baseline: written ({detail})"
+    elif state == "not-written":
+        line = f"baseline: NOT written ({detail})"
+    else:
+        line = f"baseline: {state} ({detail})"
+    return [line] + ([f"baseline: {b['concurrent']}"] if b.get("concurrent") else [])

@@ -60,8 +60,14 @@ class MoePerfSession:
     def is_xdist_worker(self) -> bool:
         return hasattr(self.config, "workerinput")
 
-    def record(self, result: PerfResult) -> None:
+    def record(self, result: PerfResult, *, notify: bool = True) -> None:
+        """``notify=False``: the outcome is not final yet (a refresh waits for the test body,
+        pytest_moeperf.pending); ``notify`` is called once it is."""
         self.results.append(result)
+        if notify:
+            self.notify(result)
+
+    def notify(self, result: PerfResult) -> None:
         self.config.hook.pytest_moeperf_result(
             config=self.config, nodeid=result.nodeid, result=result.to_dict()
         )

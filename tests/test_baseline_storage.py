@@ -56,7 +56,7 @@ def write_raw(path: Path, data: Any) -> Path:
 
 
 def test_key_fields_are_classified() -> None:
-    names = {f for f in BaselineKey.__dataclass_fields__}
+    names = {f for f in BaselineKey.__dataclass_fields__} - {"calibration"}  # judged apart
     assert set(HARDWARE_FIELDS) | set(SOFTWARE_FIELDS) == names
     assert not set(HARDWARE_FIELDS) & set(SOFTWARE_FIELDS)
 
@@ -230,6 +230,21 @@ def test_nan_metric_is_refused(tmp_path: Path) -> None:
     b = make_baseline()
     b.metrics["mbu"] = [0.5, float("nan")]
     with pytest.raises(UsageError, match=r"metrics\.mbu"):
+        BaselineStore(tmp_path).write(b, complete=True)
+
+
+def test_metric_without_runs_is_refused(tmp_path: Path) -> None:
+    """An empty list would be skipped by the gate: the file would silently gate nothing."""
+    b = make_baseline()
+    b.metrics["ttft_p99_ms"] = []
+    with pytest.raises(UsageError, match=r"metrics\.ttft_p99_ms = \[\]: has no runs"):
+        BaselineStore(tmp_path).write(b, complete=True)
+
+
+def test_baseline_without_a_gated_metric_is_refused(tmp_path: Path) -> None:
+    b = make_baseline()
+    b.metrics = {"power_w": [500.0, 501.0, 499.0]}  # informational only
+    with pytest.raises(UsageError, match="holds no gated metric .* so this baseline gates nothing"):
         BaselineStore(tmp_path).write(b, complete=True)
 
 

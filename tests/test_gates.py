@@ -297,3 +297,15 @@ def test_json_safe_replaces_non_finite_floats_recursively() -> None:
                     "f": None, "g": 0, "h": True}  # fmt: skip
     json.dumps(safe, allow_nan=False)  # strict JSON now
     assert value["a"] != value["a"]  # the input is not modified
+
+
+def test_a_baseline_sharing_no_gated_metric_fails_instead_of_passing(tmp_path: Path) -> None:
+    """Was: nothing compared, nothing failed, the test passed against a baseline it never read."""
+    store = BaselineStore(tmp_path)
+    path = store_baseline(store)
+    out = compare(store, {"mbu": [0.4, 0.41, 0.39]})
+    assert out.status == "compared" and not any(v.gating for v in out.verdicts)
+    (failure,) = out.failures
+    assert failure.startswith(f"baseline {path} shares no gated metric with this run (baseline: "
+                              "power_w, slo_goodput_tok_s, ttft_p99_ms; this run: mbu)")  # fmt: skip
+    assert "Fix: re-record it with `pytest tests/perf/test_moe.py --moeperf-refresh" in failure

@@ -302,9 +302,9 @@ def compare_paired(
     informative = max(base_acc, cand_acc) >= near_zero
     if not informative:
         passed = True
-        reason = (
-            f"accuracy near zero on both sides ({base_acc:.1%} and {cand_acc:.1%}, both < "
-            f"{near_zero:.0%}): passed, but the gate is not informative ({what})"
+        reason = (  # the caller decides whether that may pass (allow_uninformative)
+            f"not informative: accuracy near zero on both sides ({base_acc:.1%} and "
+            f"{cand_acc:.1%}, both < {near_zero:.0%}), so a drop cannot be seen ({what})"
         )
     elif drop > max_drop_points and p < alpha:
         passed = False
@@ -393,8 +393,10 @@ def compare_results(
     if prefix_note:
         verdict = replace(verdict, reason=f"{verdict.reason}; {prefix_note}")
     if candidate.errors:
-        note = f"candidate had {candidate.errors} request errors, counted as wrong"
-        if not verdict.informative:
-            return replace(verdict, passed=False, reason=f"{note}: {verdict.reason}")
+        from pytest_moeperf.accuracy.health import request_errors
+
+        note = f"candidate: {request_errors(candidate.per_question)}, counted as wrong"
+        if not verdict.informative:  # a dead server scores zero too: never a pass
+            return replace(verdict, passed=False, reason=f"{note}; {verdict.reason}")
         return replace(verdict, reason=f"{verdict.reason}; {note}")
     return verdict

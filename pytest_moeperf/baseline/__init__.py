@@ -1,5 +1,6 @@
 """Baselines: per-run metric values recorded once per (test, setup) and kept in git."""
 
+from pytest_moeperf.baseline.calibration import Calibration
 from pytest_moeperf.baseline.key import HARDWARE_FIELDS, SOFTWARE_FIELDS, BaselineKey, safe_name
 from pytest_moeperf.baseline.storage import (
     SCHEMA_VERSION,
@@ -16,6 +17,7 @@ __all__ = [
     "Baseline",
     "BaselineKey",
     "BaselineStore",
+    "Calibration",
     "Provenance",
     "read_baseline_file",
     "safe_name",

@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from pytest_moeperf.baseline.calibration import Calibration
 from pytest_moeperf.errors import UsageError
 
 HARDWARE_FIELDS: tuple[str, ...] = ("backend", "gpu_name", "gpu_count", "driver", "cuda")
@@ -26,6 +27,7 @@ SOFTWARE_FIELDS: tuple[str, ...] = (
     "moe_config_hash",
 )
 _INT_FIELDS = frozenset({"gpu_count", "tp", "dp"})
+_NAMED = (*HARDWARE_FIELDS, *SOFTWARE_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,11 @@ class BaselineKey:
     ``backend`` is "cuda" or "cpu"; on the CPU backend ``gpu_name`` holds the CPU model and
     ``driver``/``cuda`` are empty. ``spec_hash`` covers the workload spec and ``moe_config_hash``
     the fused-MoE tuning files in use ("" when vLLM's defaults are used).
+
+    ``calibration`` is the machine's measured speed (baseline/calibration.py): it is stored in
+    the file but is neither part of the file name nor of equality, since two sessions on one
+    machine never measure the same figures; ``gates.compare`` judges it with a tolerance.
+    None: not measured (a remote server, or a baseline from before calibrations existed).
     """
 
     backend: str
@@ -49,16 +56,22 @@ class BaselineKey:
     dp: int
     spec_hash: str
     moe_config_hash: str
+    calibration: Calibration | None = field(default=None, compare=False)
+
+    def names(self) -> dict[str, Any]:
+        """The named fields only: what the file name and the digest are made of."""
+        return {n: getattr(self, n) for n in _NAMED}
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        cal = None if self.calibration is None else self.calibration.to_dict()
+        return {**self.names(), "calibration": cal}
 
     @classmethod
     def from_dict(cls, d: object, *, source: str = "baseline key") -> BaselineKey:
         """Build a key from JSON, naming the bad or missing field in a UsageError."""
         if not isinstance(d, dict):
             raise UsageError(source, "key", d, "must be a JSON object", "rewrite the baseline")
-        names = [f.name for f in fields(cls)]
+        names = [f.name for f in fields(cls) if f.name != "calibration"]
         missing = [n for n in names if n not in d]
         if missing:
             raise UsageError(
@@ -84,11 +97,13 @@ class BaselineKey:
                     "fix the field or re-record the baseline",
                 )
             values[n] = v
-        return cls(**values)
+        cal = d.get("calibration")  # absent or null: an older file, or a remote server's
+        calibration = None if cal is None else Calibration.from_dict(cal, source=source)
+        return cls(**values, calibration=calibration)
 
     def digest(self) -> str:
         """Stable hash of every field; the same setup gives the same digest on any machine."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        blob = json.dumps(self.names(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def slug(self) -> str:

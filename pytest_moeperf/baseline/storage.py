@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,6 +26,7 @@ from typing import Any
 
 from pytest_moeperf.baseline.key import BaselineKey, safe_name
 from pytest_moeperf.errors import UsageError
+from pytest_moeperf.verdict.metrics import DEFAULT_METRICS
 
 SCHEMA_VERSION = 1
 LOCK_NAME = ".moeperf-baseline.lock"
@@ -217,7 +218,16 @@ def _check_metrics(metrics: object, source: str) -> dict[str, list[float]]:
                 "must be a list of finite numbers (one per run)",
                 _RERECORD,
             )
+        if not values:  # the gate skips a metric without runs: the file would gate nothing
+            raise UsageError(source, f"metrics.{name}", values,
+                             "has no runs, so this metric would not be gated",
+                             _RERECORD)  # fmt: skip
         out[str(name)] = [float(v) for v in values]
+    gated = [n for n, s in DEFAULT_METRICS.items() if s.role == "gate"]
+    if not any(n in out for n in gated):
+        raise UsageError(source, "metrics", sorted(out),
+                         f"holds no gated metric (one of {', '.join(gated)}), so this baseline "
+                         "gates nothing", _RERECORD)  # fmt: skip
     return out
 
 
@@ -329,8 +339,12 @@ class BaselineStore:
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
 
-    def write(self, baseline: Baseline, *, complete: bool) -> Path:
-        """Write atomically; refuses a partial run, whose numbers would poison later verdicts."""
+    def write(self, baseline: Baseline, *, complete: bool,
+              before_replace: Callable[[Path], None] | None = None) -> Path:  # fmt: skip
+        """Write atomically; refuses a partial run, whose numbers would poison later verdicts.
+
+        ``before_replace(path)`` runs under the lock just before the rename: the file another
+        refresh wrote meanwhile is still there to be named (and cannot change under it)."""
         path = self.path_for(baseline.test_id, baseline.key)
         if not complete:
             raise UsageError(
@@ -350,6 +364,8 @@ class BaselineStore:
                     f.flush()
                     os.fsync(f.fileno())
                 os.chmod(tmp, 0o644)  # mkstemp makes 0600; baselines are shared through git
+                if before_replace is not None:
+                    before_replace(path)
                 os.replace(tmp, path)
             except BaseException:
                 with contextlib.suppress(FileNotFoundError):

@@ -1,0 +1,131 @@
+"""A refreshed baseline is written only once the test body has passed (pytest_moeperf.pending).
+
+Each test is one pytester run of a perf test against the synthetic SSE server of
+``benchmarks/sse_server.py`` (external-server mode): the piece under test is the plugin's
+wiring from ``moeperf.run()`` through the makereport hook to the store, not the server.
+The same path against a real vLLM server is covered by tests/test_e2e_baseline.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+SPEC = """\
+name: pending
+model: {path: embedded, dtype: bfloat16, max_model_len: 1024}
+workload: {trace: fixed, num_requests: 20, seed: 0, input_tokens: 16, output_tokens: 8}
+arrival: {process: poisson, rate: 2.0}
+slo: {ttft_p99_ms: 2000, tpot_p99_ms: 200}
+search: {rate_min: 20.0, rate_max: 40.0, tolerance: 0.4, max_probes: 2, probe_requests: 40,
+         probe_duration_s: 1.0}
+runs: 1
+"""
+
+BODY = {
+    "passes": "moeperf.run()",
+    "fails": "moeperf.run()\n    assert 1 + 1 == 3, 'the body checks something else'",
+    "skips": "moeperf.run()\n    pytest.skip('decided after the run')",
+}
+
+# Another refresh of the same test rewrites the file while this run measures (probe 1 starts).
+REWRITER = """\
+import json, os
+from pathlib import Path
+
+def pytest_moeperf_probe_start(config, nodeid, run_number, probe_number, rate, server_pid):
+    target = os.environ.get("REWRITE_BASELINE")
+    if target and probe_number == 1 and run_number == 1:
+        data = json.loads(Path(target).read_text())
+        data["provenance"]["reason"] = "the other job"
+        Path(target).write_text(json.dumps(data, indent=2))
+"""
+
+
+def _project(pytester: pytest.Pytester, body: str) -> None:
+    (pytester.path / "perf_tests" / "specs").mkdir(parents=True, exist_ok=True)
+    (pytester.path / "perf_tests" / "specs" / "pending.yaml").write_text(SPEC)
+    pytester.makepyfile(
+        test_it=f"import pytest\n\n\n@pytest.mark.moeperf_spec('pending.yaml')\n"
+        f"def test_goodput(moeperf):\n    {body}\n"
+    )
+
+
+def _run(pytester: pytest.Pytester, url: str, *extra: str) -> tuple[Any, dict[str, Any]]:
+    results = pytester.path / "results.json"
+    out = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--moeperf-server-url", url, "--moeperf-results",
+        str(results), "--moeperf-refresh-baselines", "--moeperf-reason", "pending test", *extra,
+    )  # fmt: skip
+    (res,) = json.loads(results.read_text())["results"]
+    return out, res
+
+
+def _files(pytester: pytest.Pytester) -> list[Path]:
+    return sorted((pytester.path / "baselines").glob("*/*.json"))
+
+
+def test_a_passing_body_writes_the_baseline(pytester: pytest.Pytester, serve: Any) -> None:
+    url, _ = serve(delay_s=0.001)
+    _project(pytester, BODY["passes"])
+    out, res = _run(pytester, url)
+    out.assert_outcomes(passed=1)
+    (path,) = _files(pytester)
+    assert res["outcome"] == "passed"
+    assert res["baseline"] == {**res["baseline"], "status": "written",
+                               "refresh": f"written: {path}"}  # fmt: skip
+    out.stdout.fnmatch_lines([f"*baseline: written ({path})*"])
+    assert json.loads(path.read_text())["provenance"]["reason"] == "pending test"
+
+
+def test_a_body_failing_after_run_writes_nothing(pytester: pytest.Pytester, serve: Any) -> None:
+    """Was: the file was written inside run() and results.json said "passed"."""
+    url, _ = serve(delay_s=0.001)
+    _project(pytester, BODY["fails"])
+    out, res = _run(pytester, url)
+    out.assert_outcomes(failed=1)
+    assert _files(pytester) == []
+    why = "the test failed after moeperf.run() (AssertionError: the body checks something else"
+    assert res["outcome"] == "failed"
+    assert res["baseline"]["status"] == "not-written"
+    assert res["baseline"]["refresh"].startswith(f"not-written: {why}")
+    assert any(r.startswith(why) for r in res["reasons"]), res["reasons"]
+    out.stdout.fnmatch_lines([f"*baseline: NOT written ({why}*", "*test_goodput*failed*"])
+    assert "baseline: written" not in out.stdout.str()
+
+
+def test_a_body_skipping_after_run_writes_nothing(pytester: pytest.Pytester, serve: Any) -> None:
+    url, _ = serve(delay_s=0.001)
+    _project(pytester, BODY["skips"])
+    out, res = _run(pytester, url)
+    out.assert_outcomes(skipped=1)
+    assert _files(pytester) == []
+    assert res["outcome"] == "skipped"
+    assert res["baseline"]["refresh"].startswith(
+        "not-written: the test was skipped after moeperf.run()"
+    )
+
+
+def test_a_file_rewritten_meanwhile_is_named(
+    pytester: pytest.Pytester, serve: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two refreshes of one test at once: the later write stands and says whose it replaced."""
+    url, _ = serve(delay_s=0.001)
+    _project(pytester, BODY["passes"])
+    pytester.makeconftest(REWRITER)
+    first, _ = _run(pytester, url)
+    first.assert_outcomes(passed=1)
+    (path,) = _files(pytester)
+    monkeypatch.setenv("REWRITE_BASELINE", str(path))
+    second, res = _run(pytester, url)
+    second.assert_outcomes(passed=1)
+    note = res["baseline"]["concurrent"]
+    assert note.startswith(f"{path} changed since this run started: another run rewrote it")
+    assert "reason 'the other job'" in note and "this run's file replaced it and stands" in note
+    second.stdout.fnmatch_lines([f"*baseline {path} changed since this run started*"])
+    assert json.loads(path.read_text())["provenance"]["reason"] == "pending test"
