@@ -79,9 +79,26 @@ def parse_levels(text: str) -> str:
 
 
 def parse_url(text: str) -> str:
+    """``http://host:port[/prefix]``, checked whole here (the load client speaks plain HTTP)."""
+    from urllib.parse import urlsplit
+
     t = text.strip().rstrip("/")
-    if not t.startswith(("http://", "https://")):
-        raise ValueError("must start with http:// or https://")
+    if t.startswith("https://"):
+        raise ValueError("https is not supported (the load client does not speak TLS); use the "
+                         "server's plain http:// address")  # fmt: skip
+    if not t.startswith("http://"):
+        raise ValueError("must start with http://")
+    try:
+        parts = urlsplit(t)
+        port = parts.port  # ValueError: not a number, or beyond 0-65535
+    except ValueError as exc:
+        raise ValueError(f"is not a valid URL ({exc})") from None
+    if not parts.hostname:
+        raise ValueError("has no host")
+    if port == 0:
+        raise ValueError("port 0 is not a server's port")
+    if parts.query or parts.fragment or parts.username:
+        raise ValueError("must not have a query, fragment or user name")
     return t.removesuffix("/v1")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -73,7 +75,26 @@ def test_bad_ini_value_names_file(
 
 def test_bad_url(pytester: pytest.Pytester) -> None:
     out = _probe(pytester, "moeperf_server_url", "--moeperf-server-url", "localhost:8000")
-    assert "must start with http:// or https://" in out
+    assert "must start with http://" in out
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("https://lb.example/v1", "https is not supported (the load client does not speak TLS)"),
+        ("http://h:99999", "is not a valid URL"),
+        ("http://h:port", "is not a valid URL"),
+        ("http://:8000", "has no host"),
+        ("http://h:0", "port 0 is not a server's port"),
+        ("http://h:8000/v1?x=1", "must not have a query, fragment or user name"),
+        ("http://u@h:8000", "must not have a query, fragment or user name"),
+    ],
+)
+def test_parse_url_refuses(url: str, message: str) -> None:
+    from pytest_moeperf import options
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        options.parse_url(url)
 
 
 def test_url_normalised(pytester: pytest.Pytester) -> None:
@@ -202,7 +223,7 @@ def test_parse_levels_rejects_with_an_example(text: str) -> None:
         ("http://h:8000", "http://h:8000"),
         ("http://h:8000/", "http://h:8000"),
         ("http://h:8000/v1", "http://h:8000"),
-        (" https://lb.example/v1/ ", "https://lb.example"),
+        (" http://lb.example/v1/ ", "http://lb.example"),
     ],
 )
 def test_parse_url_takes_the_server_root(text: str, expected: str) -> None:
