@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 AbortCheck = Callable[[Sequence[RequestRecord], float], "str | None"]
 
 EXPAND_FACTOR = 4.0  # rate step while no failing probe is known and no estimate is usable
+HINTED_EXPAND_FACTOR = 1.5  # the step once an earlier run's failing rate has met here
 OVERLOAD_RATIO = 0.9  # achieved / offered below this marks an overloaded probe
 
 
@@ -288,14 +289,14 @@ class _State:
         below = [(p.rate, headroom(p, self.slo)) for p in self.probes if p.met and p.rate < hi_r]
         self.lo = max(below) if below else None
 
-    def expand(self, rate_max: float | None) -> float:
+    def expand(self, rate_max: float | None, factor: float = EXPAND_FACTOR) -> float:
         assert self.lo is not None
         lo_r = self.lo[0]
         est = model_estimate(self.probes, self.slo, self.capacity)
         if est is None or est <= lo_r:
-            est = lo_r * EXPAND_FACTOR
+            est = lo_r * factor
         else:
-            est = min(max(est, lo_r * 1.05) * math.sqrt(self.g), lo_r * EXPAND_FACTOR)
+            est = min(max(est, lo_r * 1.05) * math.sqrt(self.g), lo_r * factor)
         return min(est, rate_max) if rate_max is not None else est
 
     def refine(self) -> float:
@@ -371,7 +372,8 @@ def search_slo_boundary(
     below ``rate_min``; a miss at ``rate_min`` means there is no boundary to report. Rates only
     go up to ``rate_max`` when given. ``hint_hi`` is an earlier run's lowest failing rate: the
     first expansion goes there instead of a blind x4, so a later run that lands in the same
-    bracket certifies it in two probes. Every probe is still a fresh load, so a run's boundary
+    bracket certifies it in two probes; when the hint meets too, later steps up are x1.5, not
+    x4 (the boundary moved, but not far). Every probe is still a fresh load, so a run's boundary
     rests on its own probes only. Non-monotone noise is handled by trusting the lowest failing
     rate. The reported boundary is always a rate that was probed and met the SLO.
     """
@@ -381,7 +383,7 @@ def search_slo_boundary(
     probes: list[ProbeResult] = []
     rate = float(rate_min if start_rate is None else max(start_rate, rate_min))
     note = f"not converged within {max_probes} probes"
-    converged = False
+    converged = hinted = False
     while True:
         res = probe(rate, policy.make(slo, rate))
         probes.append(res)
@@ -404,11 +406,13 @@ def search_slo_boundary(
         if len(probes) >= max_probes:
             break
         if st.hi is None and hint_hi is not None and hint_hi > st.lo[0]:
-            rate, hint_hi = min(hint_hi, rate_max or math.inf), None
+            rate, hint_hi, hinted = min(hint_hi, rate_max or math.inf), None, True
             if rate <= st.lo[0]:
-                rate = st.expand(rate_max)
+                rate = st.expand(rate_max, HINTED_EXPAND_FACTOR)
             continue
-        rate = st.refine() if st.hi is not None else st.expand(rate_max)
+        # past an earlier run's bracket the boundary is near: step, do not leap x4
+        factor = HINTED_EXPAND_FACTOR if hinted else EXPAND_FACTOR
+        rate = st.refine() if st.hi is not None else st.expand(rate_max, factor)
     lo_rate = st.lo[0] if st.lo else None
     best = next((p for p in probes if p.met and p.rate == lo_rate), None)
     goodput = best.summary.get("output_tok_s") if best is not None else None
