@@ -25,7 +25,9 @@ from typing import Any
 #: Gauges sampled during a probe, and counters read before and after it.
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
 COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:num_preemptions")
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+#: name, labels (quoted values may hold any character, ``}`` and escaped quotes included),
+#: value.
+_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[^"}]|"(?:[^"\\]|\\.)*")*\})?\s+(\S+)')
 
 Fetch = Callable[[str], str | None]
 
@@ -63,7 +65,7 @@ def http_fetch(timeout_s: float = 2.0) -> Fetch:
 
         try:
             r = httpx.get(url, timeout=timeout_s)
-        except httpx.HTTPError:
+        except (httpx.HTTPError, httpx.InvalidURL, ValueError):  # a bad URL: no HTTPError
             return None
         return r.text if r.status_code == 200 else None
 
@@ -185,6 +187,8 @@ def wait_idle(base_url: str, *, timeout_s: float = 120.0, poll_s: float = 0.25,
 
     An aborted probe cancels its requests on the client; the engine frees them a little later.
     Without ``/metrics`` there is nothing to wait on: ``available`` is False.
+    A read that fails once ``/metrics`` has answered (a busy server's can time out) counts as
+    not idle, so the wait goes on until the engine empties or ``timeout_s`` passes.
     """
     fetch = fetch or http_fetch()
     url = base_url.rstrip("/") + "/metrics"
@@ -195,9 +199,12 @@ def wait_idle(base_url: str, *, timeout_s: float = 120.0, poll_s: float = 0.25,
         text = fetch(url)
         values = parse_prometheus(text) if text is not None else {}
         if not any(k.startswith("vllm:") for k in values):
-            return IdleResult(True, clock() - start, False)
-        last = {k: values.get(k, 0.0) for k in GAUGES[:2]}
-        quiet = quiet + 1 if sum(last.values()) == 0 else 0
+            if not last:  # no /metrics at all: nothing to wait on
+                return IdleResult(True, clock() - start, False)
+            quiet = 0  # it answered before (a busy server's /metrics can time out): not idle yet
+        else:
+            last = {k: values.get(k, 0.0) for k in GAUGES[:2]}
+            quiet = quiet + 1 if sum(last.values()) == 0 else 0
         if quiet >= 2:
             return IdleResult(True, clock() - start, True, last)
         if clock() - start >= timeout_s:
