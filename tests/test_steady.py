@@ -1,0 +1,346 @@
+"""load.steady: is a probe's window a steady state? Synthetic request records, exact reason texts,
+degenerate inputs, and seeded M/M/c streams (steady ones pass, overloaded ones are rejected)."""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+import re
+import statistics
+from collections.abc import Callable
+
+import pytest
+
+from pytest_moeperf.load.records import RequestRecord, RequestStatus
+from pytest_moeperf.load.steady import (
+    SteadyCheck,
+    Trend,
+    in_system_series,
+    judge,
+    queue_limit,
+    trend,
+)
+
+
+def rec(i: int, send: float, e2el: float | None, ttft: float | None = 0.1,
+        status: RequestStatus = "ok") -> RequestRecord:  # fmt: skip
+    return RequestRecord(index=i, scheduled_s=send, send_s=send, input_tokens=100, max_tokens=64,
+                         status=status, first_token_s=None if ttft is None else send + ttft,
+                         end_s=None if e2el is None else send + e2el, output_tokens=64)  # fmt: skip
+
+
+def even(rate: float, span: float, latency: float = 2.0,
+         ttft: Callable[[float], float] = lambda t: 0.1,
+         status: Callable[[int], RequestStatus] = lambda i: "ok",
+         ) -> list[RequestRecord]:  # fmt: skip
+    """Sends every 1/rate s from 0.5/rate to span; failed ones leave after 10 ms."""
+    out = []
+    for i in range(round(rate * span)):
+        t, st = (i + 0.5) / rate, status(i)
+        out.append(rec(i, t, latency if st == "ok" else 0.01, ttft(t), st))
+    return out
+
+
+def run(records: list[RequestRecord], start: float = 5.0, end: float = 35.0, *,
+        slo_ms: float = 500.0, e2el: float = 2.0,
+        waiting: list[tuple[float, float]] | None = None) -> SteadyCheck:  # fmt: skip
+    first = min((r.send_s for r in records), default=start)
+    return judge(records, start, end, ttft_slo_ms=slo_ms, median_e2el_s=e2el, waiting=waiting,
+                 first_send_s=first)  # fmt: skip
+
+
+# --- steady ---------------------------------------------------------------------------------
+
+
+def test_even_stream_is_steady_with_its_figures() -> None:
+    c = run(even(10.0, 40.0))
+    assert c.steady and not c.too_short and c.reasons == ()
+    assert (c.window_s, c.sends, c.completions) == (30.0, 300, 300)
+    assert c.offered_rps == pytest.approx(10.0) and c.completion_ratio == pytest.approx(1.0)
+    assert c.in_system is not None and c.in_system.mean == pytest.approx(20.0, abs=0.5)
+    assert c.ttft is not None and c.ttft.growth == pytest.approx(0.0, abs=1e-9)
+    assert c.notes == ("no server queue samples (no vLLM /metrics): judged on client records",)
+    d = c.to_dict()
+    assert d["steady"] is True and d["reasons"] == [] and d["completion_ratio"] == 1.0
+    assert d["in_system"]["mean"] == pytest.approx(20.0, abs=0.5)
+
+
+def test_one_very_slow_first_token_does_not_make_ttft_rise() -> None:
+    recs = even(10.0, 40.0, ttft=lambda t: 1.9 if 30.0 < t < 30.1 else 0.1)
+    assert run(recs).steady
+
+
+# --- too short ------------------------------------------------------------------------------
+
+
+def test_window_shorter_than_three_latencies() -> None:
+    c = run(even(10.0, 40.0), 5.0, 10.5)
+    assert c.too_short and not c.steady and c.sends == 55
+    assert c.reasons == ("window 5.5 s is shorter than 3 median request latencies (6.0 s)",)
+    assert c.in_system is None and c.ttft is None
+    assert not run(even(10.0, 40.0), 5.0, 11.0).too_short  # exactly 3 latencies is enough
+
+
+def test_window_with_too_few_sends() -> None:
+    recs = even(1.0, 40.0, latency=0.5)
+    c = run(recs, 2.0, 31.0, e2el=0.5)
+    assert c.too_short and c.reasons == ("window holds 29 sends, fewer than 30",)
+    assert not run(recs, 2.0, 32.0, e2el=0.5).too_short  # 30 sends
+
+
+def test_window_starting_before_the_server_filled_up() -> None:
+    recs = even(10.0, 40.0)
+    c = run(recs, 1.05, 35.0)
+    assert c.too_short
+    assert c.reasons == ("window starts 1.0 s after the first send, before one median request "
+                         "latency (2.0 s): the server was still filling up",)  # fmt: skip
+    assert not run(recs, 2.05, 35.0).too_short  # one latency exactly after the first send
+
+
+def test_all_short_reasons_at_once() -> None:
+    c = run(even(10.0, 40.0), 1.0, 3.0)
+    assert c.too_short and len(c.reasons) == 3
+    assert c.reasons[0].startswith("window 2.0 s is shorter than 3 median request latencies")
+    assert c.reasons[1] == "window holds 20 sends, fewer than 30"
+    assert c.reasons[2].startswith("window starts 0.9 s after the first send")
+
+
+# --- degenerate inputs ----------------------------------------------------------------------
+
+
+def test_no_records() -> None:
+    c = judge([], 0.0, 10.0, ttft_slo_ms=500.0, median_e2el_s=math.nan)
+    assert c.too_short and c.reasons == ("window holds 0 sends, fewer than 30",)
+    assert (c.sends, c.completions, c.offered_rps) == (0, 0, 0.0)
+    assert math.isnan(c.completion_ratio) and math.isnan(c.to_dict()["completion_ratio"])
+
+
+def test_one_record() -> None:
+    c = judge([rec(0, 6.0, 1.0)], 5.0, 35.0, ttft_slo_ms=500.0, median_e2el_s=1.0)
+    assert c.too_short and c.reasons == ("window holds 1 sends, fewer than 30",)
+
+
+def test_all_failed_is_falling_behind_not_steady() -> None:
+    """No request succeeded, so the median latency is nan (as the probe passes it): the length
+    rules fall away and the verdict is 0 req/s finished."""
+    recs = even(10.0, 40.0, status=lambda i: "http_error")
+    c = run(recs, e2el=math.nan)
+    assert not c.steady and not c.too_short and c.completions == 0
+    assert c.reasons == ("falling behind: 0 req/s finished against 10 req/s sent in the window "
+                         "(0 % < 90 %)",)  # fmt: skip
+    assert c.ttft is None  # no successful request to fit
+
+
+@pytest.mark.parametrize("e2el", [0.0, math.nan, math.inf])
+def test_identical_timestamps_zero_length_window_is_too_short(e2el: float) -> None:
+    """40 sends at one instant, judged over [5, 5]: no rate can be read over no time (this was
+    judged steady at 0 req/s before the length check)."""
+    recs = [rec(i, 5.0, 0.0, 0.0) for i in range(40)]
+    c = run(recs, 5.0, 5.0, e2el=e2el)
+    assert c.too_short and not c.steady
+    assert c.reasons == ("window [5.0, 5.0] s has no length",)
+
+
+def test_reversed_window_is_too_short() -> None:
+    c = run(even(10.0, 40.0), 35.0, 5.0)
+    assert c.too_short and "window [35.0, 5.0] s has no length" in c.reasons
+
+
+# --- falling behind -------------------------------------------------------------------------
+
+
+def test_falling_behind_reason_has_the_rates() -> None:
+    """Every 5th request fails fast: the queue does not grow, but only 80 % finish."""
+    c = run(even(10.0, 40.0, status=lambda i: "http_error" if i % 5 == 0 else "ok"))
+    assert (c.sends, c.completions) == (300, 240)
+    assert c.reasons == ("falling behind: 8 req/s finished against 10 req/s sent in the window "
+                         "(80 % < 90 %)",)  # fmt: skip
+    assert c.completion_ratio == pytest.approx(0.8)
+
+
+def test_shortfall_within_counting_noise_is_not_falling_behind() -> None:
+    """40 sends, 80 % finished: a shortfall of 8 is within 3 sqrt(2 x mean + 1); 16 is not."""
+
+    def fails(*bad: int) -> Callable[[int], RequestStatus]:
+        return lambda i: "http_error" if i % 5 in bad else "ok"
+
+    small = run(even(2.0, 30.0, 5.0, status=fails(0)), 5.5, 25.5, e2el=5.0)
+    assert (small.sends, small.completions) == (40, 32) and small.completion_ratio < 0.9
+    assert small.in_system is not None
+    assert 3 * math.sqrt(2 * small.in_system.mean + 1) >= 8
+    assert small.steady, small.reasons
+    big = run(even(2.0, 30.0, 5.0, status=fails(0, 1)), 5.5, 25.5, e2el=5.0)
+    assert (big.sends, big.completions) == (40, 24)
+    assert big.reasons == ("falling behind: 1.2 req/s finished against 2 req/s sent in the "
+                           "window (60 % < 90 %)",)  # fmt: skip
+
+
+def test_ninety_percent_finished_is_keeping_up_however_large_the_shortfall() -> None:
+    c = run(even(100.0, 40.0, 0.5, status=lambda i: "http_error" if i % 10 == 0 else "ok"),
+            e2el=0.5)  # fmt: skip
+    assert c.sends - c.completions == 300 and c.completion_ratio == pytest.approx(0.9)
+    assert c.steady, c.reasons
+
+
+# --- growing queue --------------------------------------------------------------------------
+
+
+def fifo(rate: float, capacity: float, span: float, ttft: float | None = None,
+         servers: int = 1) -> list[RequestRecord]:  # fmt: skip
+    """Even arrivals at ``rate`` into ``servers`` FIFO lines of total ``capacity`` req/s."""
+    free, out = [0.0] * servers, []
+    for i in range(round(rate * span)):
+        t = (i + 0.5) / rate
+        begin = max(t, heapq.heappop(free))
+        end = begin + servers / capacity
+        heapq.heappush(free, end)
+        out.append(rec(i, t, end - t, (begin - t + 0.05) if ttft is None else ttft))
+    return out
+
+
+def numbers(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"[-+]?\d+(?:\.\d+)?", text)]
+
+
+def test_overload_gives_all_three_reasons_with_their_numbers() -> None:
+    recs = fifo(10.0, 8.0, 40.0)
+    med = statistics.median(r.e2el_s or 0.0 for r in recs)
+    c = run(recs, 6.0, 34.0, e2el=med)
+    assert not c.too_short and len(c.reasons) == 3
+    behind, queue, ttft = c.reasons
+    assert behind == ("falling behind: 8 req/s finished against 10 req/s sent in the window "
+                      "(80 % < 90 %)")  # fmt: skip
+    assert c.in_system is not None and c.ttft is not None
+    growth, mean, limit = numbers(queue)
+    assert queue.startswith("queue growing: requests in the system rose by ")
+    assert growth == round(c.in_system.growth) and growth == pytest.approx(2 * 28, rel=0.05)
+    assert mean == round(c.in_system.mean) and limit == round(queue_limit(c.in_system.mean))
+    rise, rise_limit = numbers(ttft)
+    assert ttft.startswith("TTFT rising: +") and rise_limit == 125
+    assert rise == round(c.ttft.growth * 1e3) and rise == pytest.approx(7000, rel=0.05)
+
+
+def test_queue_growing_while_completions_keep_up() -> None:
+    """46 of 50 req/s finish (92 %, keeping up) but 160 requests pile up over 40 s."""
+    c = run(fifo(50.0, 46.0, 50.0, ttft=0.05, servers=64), 5.0, 45.0, e2el=2.0)
+    assert c.completion_ratio > 0.9 and c.in_system is not None
+    assert len(c.reasons) == 1 and c.reasons[0].startswith("queue growing:"), c.reasons
+    growth = numbers(c.reasons[0])[0]
+    assert growth == pytest.approx(160, rel=0.1) and growth > queue_limit(c.in_system.mean)
+
+
+# --- server queue (vllm:num_requests_waiting) -----------------------------------------------
+
+
+def ramp(f: Callable[[float], float], span: float = 40.0) -> list[tuple[float, float]]:
+    return [(k * 0.5, f(k * 0.5)) for k in range(int(span / 0.5) + 1)]
+
+
+def test_server_waiting_queue_growing() -> None:
+    c = run(even(10.0, 40.0), waiting=ramp(lambda t: max(0.0, t - 5.0)))
+    assert c.server_metrics and c.notes == () and c.waiting is not None
+    assert c.reasons == ("server queue growing: vllm:num_requests_waiting rose by 30 over the "
+                         f"window (limit {queue_limit(20.0):.0f})",)  # fmt: skip
+    assert queue_limit(20.0) == pytest.approx(4 + 3 * math.sqrt(41))
+
+
+def test_server_waiting_flat_noisy_or_outside_the_window() -> None:
+    noisy = ramp(lambda t: float(int(t * 7) % 5))
+    c = run(even(10.0, 40.0), waiting=noisy)
+    assert c.steady and c.server_metrics and c.waiting is not None
+    before = ramp(lambda t: 100.0 * t if t < 5.0 else 2.0)  # the fill-up, before the window
+    assert run(even(10.0, 40.0), waiting=before).steady
+    after = ramp(lambda t: 2.0 if t <= 35.0 else 5.0 * (t - 35.0), 100.0)  # the tail, after it
+    assert run(even(10.0, 40.0), waiting=after).steady
+
+
+def test_server_waiting_too_few_samples_in_the_window() -> None:
+    """7 samples in [5, 35] (5 more before it): fewer than 8, no trend."""
+    c = run(even(10.0, 40.0), waiting=[(float(t), 50.0 * t) for t in range(12)])
+    assert c.waiting is None and c.server_metrics and c.steady
+
+
+# --- rising TTFT ----------------------------------------------------------------------------
+
+
+def test_ttft_rising_against_a_quarter_of_the_slo() -> None:
+    recs = even(10.0, 40.0, ttft=lambda t: 0.1 + 0.3 * t / 40.0)
+    c = run(recs, slo_ms=500.0)
+    assert c.reasons == ("TTFT rising: +225 ms over the window (limit 125 ms)",)
+    assert run(recs, slo_ms=1000.0).steady  # limit 250 ms
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def test_trend_fits_and_refuses() -> None:
+    assert trend([(float(t), 1.0) for t in range(7)], 10.0) is None  # fewer than 8 points
+    assert trend([(3.0, float(y)) for y in range(20)], 10.0) is None  # no spread in t
+    t = trend([(float(x), 2.0 * x + 1.0) for x in range(20)], 10.0)
+    assert t is not None and t.slope == pytest.approx(2.0) and t.growth == pytest.approx(20.0)
+    assert t.mean == pytest.approx(20.0) and t.low == pytest.approx(2.0)
+    assert t.rising(19.0) and not t.rising(20.0)
+    assert not Trend(slope=1.0, low=-0.1, high=2.0, growth=100.0, mean=5.0).rising(1.0)
+
+
+def test_queue_limit_values() -> None:
+    assert queue_limit(0.0) == pytest.approx(7.0)
+    assert queue_limit(-3.0) == pytest.approx(7.0)
+    assert queue_limit(30.0) == pytest.approx(4 + 3 * math.sqrt(61))
+    assert queue_limit(1000.0) == pytest.approx(254.0)  # the quarter of the mean dominates
+
+
+def test_in_system_series_counts_sent_and_unfinished() -> None:
+    recs = [rec(0, 0.0, 2.0), rec(1, 1.0, None), rec(2, 3.0, 0.5), rec(3, 9.0, 5.0)]
+    series = in_system_series(recs, 0.0, 4.0, points=5)
+    assert series == [(0.0, 1.0), (1.0, 2.0), (2.0, 1.0), (3.0, 2.0), (4.0, 1.0)]
+
+
+# --- seeded M/M/c streams -------------------------------------------------------------------
+
+SERVERS, SERVICE_S, PREFILL_S, SPAN_S, SEEDS = 8, 1.0, 0.05, 60.0, 200
+CAPACITY = SERVERS / (SERVICE_S + PREFILL_S)
+
+
+def mmc(seed: int, load: float) -> list[RequestRecord]:
+    """Poisson arrivals at ``load`` x capacity into M/M/8 (1 s mean service, 50 ms prefill)."""
+    rng = random.Random(seed)
+    free, t = [0.0] * SERVERS, 0.0
+    out: list[RequestRecord] = []
+    while (t := t + rng.expovariate(load * CAPACITY)) <= SPAN_S:
+        begin = max(t, heapq.heappop(free))
+        end = begin + PREFILL_S + rng.expovariate(1 / SERVICE_S)
+        heapq.heappush(free, end)
+        out.append(rec(len(out), t, end - t, begin - t + PREFILL_S))
+    return out
+
+
+def probe_like(recs: list[RequestRecord]) -> SteadyCheck:
+    """The probe's window: 10 % cut at each end, and at least one median latency of fill-up."""
+    first, last = recs[0].send_s, recs[-1].send_s
+    med = statistics.median(r.e2el_s or 0.0 for r in recs)
+    span = last - first
+    return judge(recs, first + max(0.1 * span, med), last - 0.1 * span, ttft_slo_ms=500.0,
+                 median_e2el_s=med, first_send_s=first)  # fmt: skip
+
+
+def test_steady_poisson_streams_are_rarely_rejected() -> None:
+    """At 60 % of capacity, 0 of 200 seeded 60 s streams were rejected when written (at 70 %:
+    5 of 200, all 'TTFT rising'; at 80 %: 23, the queue's slow fill-up); allowed: 2 %."""
+    checks = [probe_like(mmc(seed, 0.6)) for seed in range(SEEDS)]
+    rejected = [c.reasons for c in checks if not c.steady]
+    assert len(rejected) <= 0.02 * SEEDS, f"{len(rejected)}/{SEEDS} rejected: {rejected[:3]}"
+
+
+def test_overloaded_poisson_streams_are_rejected() -> None:
+    """At 1.3 x capacity, 200 of 200 seeded streams were not steady when written: 179 judged and
+    rejected (176 falling behind, 177 queue growing, 179 TTFT rising), 21 too short (their
+    latency, grown with the queue, leaves less than 3 median latencies of window)."""
+    checks = [probe_like(mmc(seed, 1.3)) for seed in range(SEEDS)]
+    passed = sum(c.steady for c in checks)
+    judged = [c for c in checks if not c.too_short]
+    assert passed == 0, f"{passed}/{SEEDS} overloaded streams called steady"
+    assert len(judged) >= 0.8 * SEEDS, f"only {len(judged)}/{SEEDS} judged"
+    behind = sum(any(r.startswith("falling behind") for r in c.reasons) for c in judged)
+    assert behind >= 0.95 * len(judged), f"falling behind in {behind}/{len(judged)}"
