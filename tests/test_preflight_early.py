@@ -81,6 +81,29 @@ def test_baseline_whose_test_id_does_not_match_its_folder(pytester: pytest.Pytes
     )
 
 
+@pytest.mark.parametrize(
+    ("metrics", "problem"),
+    [
+        ({}, "metrics = []: holds no gated metric"),
+        ({"slo_goodput_tok_s": []}, "metrics.slo_goodput_tok_s = []: has no runs"),
+        ({"power_w": [500.0, 501.0]}, "metrics = ['power_w']: holds no gated metric"),
+    ],
+)
+def test_hollow_baseline_fails_preflight(pytester: pytest.Pytester, metrics: dict[str, list[float]],
+                                         problem: str) -> None:  # fmt: skip
+    """Was: preflight and the test passed, gates.py skipped the empty metric: the gate was off."""
+    test_id = "test_it.py::test_it"
+    digest = hashlib.sha256(test_id.encode()).hexdigest()[:8]
+    folder = pytester.path / "baselines" / f"test_it.py--test_it-{digest}"
+    folder.mkdir(parents=True)
+    data = json.loads(_baseline_text(test_id))
+    data["metrics"] = metrics
+    (folder / "cpu.json").write_text(json.dumps(data, indent=2))
+    result = _run(pytester)
+    one_error_line(result, str(folder / "cpu.json"), problem,
+                   "restore the file from git or re-record the baseline")  # fmt: skip
+
+
 # -- MoE config folders and files -----------------------------------------------------------------
 @pytest.mark.parametrize(
     ("name", "problem"),
