@@ -244,7 +244,9 @@ def test_metric_without_runs_is_refused(tmp_path: Path) -> None:
 def test_baseline_without_a_gated_metric_is_refused(tmp_path: Path) -> None:
     b = make_baseline()
     b.metrics = {"power_w": [500.0, 501.0, 499.0]}  # informational only
-    with pytest.raises(UsageError, match="holds no gated metric .* so this baseline gates nothing"):
+    with pytest.raises(
+        UsageError, match=r"holds no gated metric .* so this baseline gates nothing"
+    ):
         BaselineStore(tmp_path).write(b, complete=True)
 
 

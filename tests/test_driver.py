@@ -187,7 +187,13 @@ def test_gpu_warm_up_climbs_powers_of_two_to_the_cap_and_the_spec_level() -> Non
     assert warm_levels(small, gpu=True) == (1, 2, 4, 8, 12)  # never above max-num-seqs
 
 
-def test_warm_up_runs_each_level_unmeasured_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_warm_up_runs_each_level_unmeasured_and_says_so(monkeypatch: pytest.MonkeyPatch,
+                                                        serve: Any) -> None:  # fmt: skip
+    """On a GPU the ladder ends with real Poisson load at the first rate (its own requests)."""
+    from pytest_moeperf.load import driver
+
+    monkeypatch.setattr(driver, "WARM_OPEN_LOOP_S", 1.5)
+    url, srv = serve(delay_s=0.001)
     calls: list[tuple[int, int, str]] = []
 
     def fake_fixed(endpoint: Any, spec: Any, slo: Any, **kw: Any) -> None:
@@ -198,10 +204,23 @@ def test_warm_up_runs_each_level_unmeasured_and_says_so(monkeypatch: pytest.Monk
     lines: list[str] = []
     d = _driver(lines)
     d.warm = (1, 2, 4)
-    d.warm_up(probe.Endpoint("http://127.0.0.1:1", "m"), "t")
+    d.warm_up(probe.Endpoint(url, "m"), "t")
     assert [(c, n) for c, n, _ in calls] == [(1, 4), (2, 4), (4, 8)]
     assert {m for _, _, m in calls} == {NotMeasuredMeter("x").name}
-    assert lines == ["t: warmed up (16 requests at concurrency 1, 2, 4 in turn, not measured)"]
+    assert srv.stats.requests == 6  # ceil(4 req/s x 1.5 s), sent for real
+    assert lines == ["t: warmed up (22 requests at concurrency 1, 2, 4 in turn, then Poisson at "
+                     "4 req/s for 1.5 s, not measured)"]  # fmt: skip
+
+
+def test_cpu_warm_up_has_no_open_loop_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    def ok(*a: Any, **kw: Any) -> Any:
+        return SimpleNamespace(fixed={"n_ok": kw["num_requests"]})
+
+    monkeypatch.setattr(probe, "measure_fixed", ok)
+    lines: list[str] = []
+    d = _driver(lines)
+    d.warm_up(probe.Endpoint("http://127.0.0.1:1", "m"), "t")  # nothing listens: none sent
+    assert lines == ["t: warmed up (16 requests at concurrency 8, not measured)"]
 
 
 def test_a_warm_up_where_every_request_failed_stops_with_the_servers_error(

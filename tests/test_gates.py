@@ -306,6 +306,8 @@ def test_a_baseline_sharing_no_gated_metric_fails_instead_of_passing(tmp_path: P
     out = compare(store, {"mbu": [0.4, 0.41, 0.39]})
     assert out.status == "compared" and not any(v.gating for v in out.verdicts)
     (failure,) = out.failures
-    assert failure.startswith(f"baseline {path} shares no gated metric with this run (baseline: "
-                              "power_w, slo_goodput_tok_s, ttft_p99_ms; this run: mbu)")  # fmt: skip
+    assert failure.startswith(
+        f"baseline {path} shares no gated metric with this run (baseline: "
+        "power_w, slo_goodput_tok_s, ttft_p99_ms; this run: mbu)"
+    )
     assert "Fix: re-record it with `pytest tests/perf/test_moe.py --moeperf-refresh" in failure

@@ -120,3 +120,25 @@ def test_an_unconverged_search_says_so_with_its_bracket() -> None:
     res = run(server, max_probes=3)
     assert not res.converged and res.note == "not converged within 3 probes"
     assert len(server.rates) == 3
+
+
+class NearMiss(Server):
+    """TPOT p99 just under the SLO at every met rate: the curves aim just above each one."""
+
+    def __call__(self, rate: float, abort: AbortCheck) -> ProbeResult:
+        self.rates.append(rate)
+        if rate <= self.boundary:
+            return ProbeResult(rate, True, summary(rate, 300.0, 46.0))
+        return ProbeResult(rate, False, summary(rate, 2500.0, 60.0), reason="tpot p99")
+
+
+def test_three_mets_in_a_row_inside_the_bracket_switch_to_bisection() -> None:
+    """Was (H200, 2026-12-03): 8 % steps 9.3, 10.4, 11.2, 12.1, 14.1 under a miss at 32."""
+    server = NearMiss(14.1)
+    res = run(server, rate_min=8.0, tolerance=0.08)
+    assert res.converged, (res.note, server.rates)
+    lo, hi = res.bracket
+    assert lo is not None and hi is not None and lo <= 14.1 < hi
+    assert hi / lo <= 1.08 + 1e-9
+    # 8, 32, 15.4 (miss), 10.5, 12.2, 13.6 (three mets), then the bisection 14.5 closes it
+    assert len(server.rates) <= 7, server.rates
