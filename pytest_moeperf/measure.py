@@ -120,6 +120,7 @@ class PerfTest:
                               "loaded": list(self._loaded())}  # fmt: skip
         runs: list[RunMeasurement] = []  # filled run by run: a death keeps the finished ones
         partial: str | None = None
+        interrupted: KeyboardInterrupt | None = None
         try:
             self._measure(plan, endpoint, model_dir, env, runs)
         except ServerDied as died:
@@ -128,6 +129,12 @@ class PerfTest:
             reasons.append(partial + (server.death_note() if server is not None else ""))
             data["partial"] = True
             data["partial_probes"] = died.partial
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM from a CI runner's timeout
+            partial = f"interrupted ({stop or 'KeyboardInterrupt'}) during run {len(runs) + 1} " \
+                      f"of {plan.runs}; the finished runs are kept"  # fmt: skip
+            reasons.append(partial)
+            data["partial"] = True
+            interrupted = stop
         metrics = collect_metrics(runs)
         data["metrics"] = {n: metric_entry(n, v, runs) for n, v in metrics.items()}
         data["search_runs"] = [r.to_dict() for r in runs]
@@ -148,6 +155,8 @@ class PerfTest:
         for name, entry in data["metrics"].items():
             self.item.user_properties.append((f"moeperf.{name}", entry["center"]))
         self.item.user_properties.append(("moeperf.outcome", outcome))
+        if interrupted is not None:  # recorded first: results.json keeps what was measured
+            raise interrupted
         if reasons:
             pytest.fail("; ".join(reasons), pytrace=False)
         return result

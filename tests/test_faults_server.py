@@ -208,7 +208,7 @@ def test_interrupting_pytest_mid_probe_leaves_no_vllm_process(
     """Ctrl-C (SIGINT) or a CI runner's cancel (SIGTERM) of pytest while load is running."""
     perf_run = _setup(pytester, monkeypatch, embedded_model)
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--moeperf-baseline-dir",
-           "baselines"]  # fmt: skip
+           "baselines", "--moeperf-results", "out/results.json"]  # fmt: skip
     log = pytester.path / "pytest.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=pytester.path, stdout=out, stderr=subprocess.STDOUT,
@@ -234,3 +234,10 @@ def test_interrupting_pytest_mid_probe_leaves_no_vllm_process(
     # last resort): the group is gone by the time pytest's exit status is known.
     gone_s = _wait_gone(pgid, 2)
     print(f"{sig.name}: pytest exit {code}, process group gone {gone_s:.1f} s after exit")
+    # nothing measured is lost: the interrupted test is in results.json as partial
+    (res,) = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
+    assert res["outcome"] == "partial" and res["partial"] is True, res["reasons"]
+    assert (
+        res["reasons"][0].startswith("interrupted (") and "during run 1 of 1" in res["reasons"][0]
+    )
+    assert res["baseline"]["status"] in ("missing", "not-written")
