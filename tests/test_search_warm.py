@@ -142,3 +142,26 @@ def test_three_mets_in_a_row_inside_the_bracket_switch_to_bisection() -> None:
     assert hi / lo <= 1.08 + 1e-9
     # 8, 32, 15.4 (miss), 10.5, 12.2, 13.6 (three mets), then the bisection 14.5 closes it
     assert len(server.rates) <= 7, server.rates
+
+
+def _rec(i: int, send: float, ttft: float, e2el: float) -> Any:
+    from pytest_moeperf.load.records import RequestRecord
+
+    return RequestRecord(index=i, scheduled_s=send, send_s=send, input_tokens=8,
+                         max_tokens=10, first_token_s=send + ttft, end_s=send + e2el,
+                         output_tokens=10)  # fmt: skip
+
+
+def test_the_fill_up_of_an_empty_server_is_no_overload() -> None:
+    """TTFT 100 ms for the first 1.5 s (empty server), then a steady 500 ms: not a rising queue.
+    Was: the line through the fill-up projected past the SLO and stopped 10-12 req/s probes."""
+    from pytest_moeperf.load.search import AbortPolicy
+
+    slo = Slo(ttft_p99_ms=1000.0, tpot_p99_ms=1000.0)
+    recs = [_rec(i, i * 0.1, 0.1 if i * 0.1 < 1.5 else 0.5 + 0.01 * (i % 3), 1.5)
+            for i in range(80)]  # fmt: skip
+    check = AbortPolicy(planned_requests=168).make(slo, 10.0)
+    assert check(recs, 8.0) is None
+    rising = [_rec(i, i * 0.1, 0.1 + 0.01 * i, 1.5 + 0.01 * i) for i in range(80)]
+    why = check(rising, 8.0)
+    assert why is not None and why.startswith("overload: TTFT rising")

@@ -130,6 +130,14 @@ class AbortPolicy:
         return check
 
     def _trend(self, live: Sequence[RequestRecord], ttft_lim: float, t_end: float) -> str | None:
+        # Requests sent in the first median latency met an empty server: their TTFT is below
+        # the steady state's, and a line through that fill-up projects a queue that is not
+        # growing (2 cores: 10-12 req/s probes stopped as "overload" at 16.8 s, 200 -> 640 ms).
+        # The steady-state window starts there too (load/steady.py).
+        e2el = sorted(e for r in live if r.ok and (e := r.e2el_s) is not None)
+        if e2el and live:
+            t0 = min(r.send_s for r in live) + e2el[len(e2el) // 2]
+            live = [r for r in live if r.send_s >= t0]
         pts = sorted((r.send_s, t) for r in live if r.ok and (t := r.ttft_s) is not None)
         if len(pts) < self.min_trend_records:
             return None
