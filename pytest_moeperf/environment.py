@@ -112,6 +112,11 @@ def _installed_vllm_version() -> str | None:
 
 
 def git_commit(cwd: Path | None = None) -> str | None:
+    """The commit under test: a GPU runner's MOEPERF_GIT_COMMIT wins (its tree may carry a stale
+    .git, or none), else git's HEAD."""
+    env = os.environ.get("MOEPERF_GIT_COMMIT", "").strip()[:12]
+    if env:
+        return env
     try:
         out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd,
                              capture_output=True, text=True, timeout=10, check=False)  # fmt: skip
@@ -119,5 +124,4 @@ def git_commit(cwd: Path | None = None) -> str | None:
         out = None
     if out is not None and out.returncode == 0 and out.stdout.strip():
         return out.stdout.strip()
-    # a copy without .git (a GPU runner's work tree): the runner says which commit it is
-    return os.environ.get("MOEPERF_GIT_COMMIT", "").strip()[:12] or None
+    return None

@@ -272,7 +272,7 @@ class PerfTest:
 
     def _mbu_inputs(self, plan: Plan, model_dir: Path | None, env: Any) -> MbuInputs | None:
         from pytest_moeperf.metrics.hardware import rated_bandwidth
-        from pytest_moeperf.metrics.mbu import load_model_shape
+        from pytest_moeperf.metrics.mbu import load_model_shape, step_dtypes
 
         if model_dir is None or not (model_dir / "config.json").exists():
             return None
@@ -286,9 +286,15 @@ class PerfTest:
                 None,
                 "no rated HBM bandwidth for a CPU (set --moeperf-hbm-bandwidth)",
             )
+        spec = plan.spec
+        try:
+            dt = step_dtypes(spec.model.dtype, spec.engine_arg("quantization"),
+                             spec.engine_arg("kv-cache-dtype"))  # fmt: skip
+        except UsageError as e:
+            return MbuInputs(None, spec.model.dtype, 1, None, str(e))
         bw, source = rated_bandwidth(env.accelerator, override_bs)
         shape = load_model_shape(model_dir / "config.json")
-        return MbuInputs(shape, plan.spec.model.dtype, max(1, env.gpu_count), bw, source)
+        return MbuInputs(shape, dt.weights, max(1, env.gpu_count), bw, source, dt.kv, dt.lm_head)
 
     def _accuracy(self, plan: Plan, endpoint: Endpoint) -> dict[str, Any] | None:
         if plan.accuracy is None:

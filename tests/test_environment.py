@@ -126,3 +126,29 @@ def test_git_commit_without_git(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
 
     monkeypatch.setattr(subprocess, "run", no_git)
     assert git_commit(tmp_path) is None
+
+
+def test_the_runners_commit_beats_a_stale_git(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:  # fmt: skip
+    """On the H200 the tree's .git was older than the tree: MOEPERF_GIT_COMMIT wins, and the
+    baseline's provenance keeps what git said beside it."""
+    from pytest_moeperf.baseline.storage import _git_commit
+
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "f").write_text("x")
+    subprocess.run([*git, "add", "f"], check=True)
+    subprocess.run([*git, "commit", "-qm", "m"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # fmt: skip
+    monkeypatch.delenv("MOEPERF_GIT_COMMIT", raising=False)
+    assert _git_commit(tmp_path) == head
+    (tmp_path / "f").write_text("y")
+    assert _git_commit(tmp_path) == head + "-dirty"
+    monkeypatch.setenv("MOEPERF_GIT_COMMIT", "a460962a1052")
+    assert git_commit(tmp_path) == "a460962a1052"
+    assert _git_commit(tmp_path) == (
+        f"a460962a1052 (MOEPERF_GIT_COMMIT; the tree's .git said {head}-dirty)"
+    )
+    monkeypatch.setenv("MOEPERF_GIT_COMMIT", head + "-dirty")
+    assert _git_commit(tmp_path) == head + "-dirty"  # they agree: no note

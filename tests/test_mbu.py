@@ -20,11 +20,13 @@ from pytest_moeperf.metrics.hardware import (
 from pytest_moeperf.metrics.mbu import (
     ModelShape,
     StepBytes,
+    StepDtypes,
     decode_step_bytes,
     dtype_bytes,
     expected_distinct_experts,
     load_model_shape,
     mbu,
+    step_dtypes,
 )
 
 QWEN3_CONFIG = Path("/work/shared/gpu/qwen3-30b-a3b-shape/config.json")
@@ -503,3 +505,47 @@ def test_qwen2_moe_without_shared_expert_has_no_gate() -> None:
     shape = ModelShape.from_hf_config(cfg)
     assert shape.shared_expert_intermediate_size == 0 and not shape.shared_expert_gate
     assert decode_step_bytes(shape, 1, 0, "bf16").shared_experts == 0
+
+
+# --- quantized weights (issue 16: an H200 fp8 run had MBU 0.87, fp8 weights counted as bf16)
+
+
+def test_online_fp8_reads_fp8_weights_and_bf16_kv_and_head() -> None:
+    dt = step_dtypes("bfloat16", "fp8", None)
+    assert (dt.weights, dt.kv, dt.lm_head) == ("fp8", "bfloat16", "bfloat16")
+    assert step_dtypes("bfloat16", None, None) == StepDtypes("bfloat16", "bfloat16", "bfloat16")
+    assert step_dtypes("bfloat16", "fp8", "fp8_e4m3").kv == "fp8"
+    assert step_dtypes("bfloat16", None, "auto").kv == "bfloat16"
+    assert step_dtypes("float16", "AWQ", None).weights == "int4"
+
+
+def test_quantization_of_unknown_width_is_a_usage_error_naming_it() -> None:
+    with pytest.raises(UsageError, match="gptq") as e:
+        step_dtypes("bfloat16", "gptq", None)
+    assert "fp8" in str(e.value)  # the known ones are listed
+
+
+def test_h200_fp8_boundary_mbu_counts_fp8_weights() -> None:
+    """The recorded H200 fp8 run's first boundary probe: the fixed MBU is about half the old one
+    at large batch minus the bf16 KV cache and LM head, which did not shrink."""
+    from pytest_moeperf.load.probe import MbuInputs, decode_mbu
+
+    if not QWEN3_CONFIG.exists():
+        pytest.skip(f"needs the shared model shape at {QWEN3_CONFIG}")
+    shape = load_model_shape(QWEN3_CONFIG)
+    summary = {"tpot": {"mean_ms": 11.855322142549602}, "output_tok_s": 1975.8698306849526,
+               "mean_input_tokens": 1024.0, "mean_output_tokens": 128.0}  # fmt: skip
+    bw = 4.8e12
+    old = decode_mbu(summary, MbuInputs(shape, "bfloat16", 1, bw, "test"))
+    dt = step_dtypes("bfloat16", "fp8", None)
+    new = decode_mbu(summary, MbuInputs(shape, dt.weights, 1, bw, "test", dt.kv, dt.lm_head))
+    assert old == pytest.approx(0.8744, abs=0.002)  # what the run recorded
+    assert new is not None and old is not None
+    batch = round(1975.8698306849526 * 0.011855322142549602)
+    ctx = 1024 + 64
+    full = decode_step_bytes(shape, batch, ctx, "bfloat16")
+    fixed = decode_step_bytes(shape, batch, ctx, "fp8", kv_dtype="bfloat16",
+                              lm_head_dtype="bfloat16")  # fmt: skip
+    assert new == pytest.approx(old * fixed.total / full.total)
+    assert fixed.kv_cache == full.kv_cache and fixed.lm_head == full.lm_head
+    assert 0.5 * old < new < 0.8 * old

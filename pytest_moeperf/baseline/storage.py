@@ -84,14 +84,18 @@ def _git_commit(cwd: Path | None) -> str:
         )
         return out.stdout.strip()
 
+    # A GPU runner's copy of the tree may lack .git or carry a stale one (seen on the H200: the
+    # tree was a later commit than its .git said): the runner's word, when given, wins.
+    env = os.environ.get("MOEPERF_GIT_COMMIT", "").strip()
     try:
         commit = git("rev-parse", "HEAD")
         dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
-        # a copy without .git (a GPU runner's work tree): the runner says which commit it is
-        env = os.environ.get("MOEPERF_GIT_COMMIT", "").strip()
         return f"{env} (MOEPERF_GIT_COMMIT)" if env else "unknown"
-    return commit + ("-dirty" if dirty else "")
+    here = commit + ("-dirty" if dirty else "")
+    if env and env != here:
+        return f"{env} (MOEPERF_GIT_COMMIT; the tree's .git said {here})"
+    return here
 
 
 @dataclass

@@ -104,6 +104,9 @@ class MbuInputs:
     gpus: int
     bandwidth_bytes_s: float | None
     bandwidth_source: str
+    #: KV-cache and LM-head element types when they differ from ``dtype`` (quantized weights)
+    kv_dtype: str | None = None
+    lm_head_dtype: str | None = None
 
 
 def measure_run(
@@ -405,7 +408,8 @@ def decode_mbu(summary: dict[str, Any], inp: MbuInputs) -> float | None:
     assert inp.bandwidth_bytes_s is not None
     batch = max(1, round(tok_s * tpot_s))
     context = summary["mean_input_tokens"] + summary["mean_output_tokens"] / 2
-    step = decode_step_bytes(inp.shape, batch, context, inp.dtype)
+    step = decode_step_bytes(inp.shape, batch, context, inp.dtype, kv_dtype=inp.kv_dtype,
+                             lm_head_dtype=inp.lm_head_dtype)  # fmt: skip
     return mbu(step, tpot_s, inp.bandwidth_bytes_s, gpus=inp.gpus)
 
 

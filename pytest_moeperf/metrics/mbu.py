@@ -25,6 +25,46 @@ _DTYPE_GROUPS: dict[float, tuple[str, ...]] = {
 }
 DTYPE_BYTES: dict[str, float] = {n: b for b, names in _DTYPE_GROUPS.items() for n in names}
 
+#: Weight element type of vLLM ``--quantization`` methods whose weight width is fixed. Methods
+#: whose width is a per-checkpoint choice (gptq, bitsandbytes, compressed-tensors) are absent:
+#: MBU is then not computed rather than computed with the unquantized width.
+QUANTIZATION_WEIGHT_DTYPE: dict[str, str] = {
+    "fp8": "fp8", "fbgemm_fp8": "fp8", "ptpc_fp8": "fp8", "awq": "int4", "awq_marlin": "int4",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class StepDtypes:
+    """Element types a decode step reads: quantized weights, the KV cache, the LM head."""
+
+    weights: str
+    kv: str
+    lm_head: str
+
+
+def step_dtypes(dtype: str, quantization: str | None, kv_cache_dtype: str | None) -> StepDtypes:
+    """What each part of a decode step is stored as, from the spec's dtype and engine args.
+
+    vLLM's online fp8 (``--quantization fp8`` on a bf16 checkpoint) stores linear and expert
+    weights in fp8 but keeps the LM head and, unless ``--kv-cache-dtype`` says otherwise, the
+    KV cache in the model dtype: counting fp8 weights as bf16 doubled MBU on the H200.
+    """
+    kv = dtype if kv_cache_dtype in (None, "", "auto") else str(kv_cache_dtype)
+    if kv in ("fp8_e4m3", "fp8_e5m2", "fp8_inc"):
+        kv = "fp8"
+    if not quantization:
+        return StepDtypes(dtype, kv, dtype)
+    weights = QUANTIZATION_WEIGHT_DTYPE.get(quantization.lower())
+    if weights is None:
+        raise UsageError(
+            "MBU",
+            "quantization",
+            quantization,
+            "has no fixed weight width known to moeperf",
+            f"MBU is left out; known: {', '.join(sorted(QUANTIZATION_WEIGHT_DTYPE))}",
+        )
+    return StepDtypes(weights, kv, dtype)
+
 
 def dtype_bytes(dtype: str, what: str = "dtype") -> float:
     """Bytes per element of a weight or KV dtype name (scales of quantised formats not counted)."""
