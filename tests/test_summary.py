@@ -193,3 +193,20 @@ def test_command_line_names_pytest_for_python_m_runs() -> None:
     )
     assert command_line(["/venv/bin/pytest", "-k", "ab"]) == "pytest -k ab"
     assert command_line(["moeperf", "compare"]) == "moeperf compare"
+
+
+def test_sent_tokens_count_the_window_s_sends_not_the_queue_at_its_edges() -> None:
+    """A backlog sent before the window finishing inside it adds to output_tok_s, not to
+    sent_tok_s; requests sent inside but finishing after the window still count there."""
+    steady = [rec(i, 1.0 + i * 0.1, 0.05, [0.01]) for i in range(81)]  # 10 req/s, 2 tokens each
+    backlog = [rec(100 + i, 0.0 + i * 0.01, 1.5, [0.01]) for i in range(20)]  # done at ~1.5-1.7 s
+    late = [rec(200 + i, 8.5 + i * 0.01, 3.0, [0.01]) for i in range(5)]  # done after the window
+    s = summarize(run_of(steady + backlog + late), SLO, warmup_s=1.0, cooldown_s=0.5)
+    start, end = s.window.start_s, s.window.end_s
+    assert (start, end) == (pytest.approx(1.0), pytest.approx(8.5))
+    sent = [r for r in steady + backlog + late if start <= r.send_s <= end]
+    assert s.sent_tok_s == pytest.approx(sum(r.output_tokens for r in sent) / (end - start))
+    assert s.output_tok_s > s.sent_tok_s + 3  # the backlog's 40 tokens land in the window
+    assert LoadSummary.from_dict(json.loads(json.dumps(s.to_dict()))).sent_tok_s == s.sent_tok_s
+    old = {k: v for k, v in s.to_dict().items() if k != "sent_tok_s"}
+    assert math.isnan(LoadSummary.from_dict(old).sent_tok_s)  # recorded before it existed

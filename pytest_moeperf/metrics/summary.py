@@ -113,6 +113,11 @@ class LoadSummary:
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: the first failed request's status and error text: what a user needs when all failed
     first_error: str | None = None
+    #: output tokens of the ok requests *sent* in the window, per second of window. Unlike
+    #: ``output_tok_s`` (tokens *produced* in the window, whoever sent them) it has no term for
+    #: the queue at the window's edges: at one rate on the H200 the produced figure moved
+    #: 95-107 % of rate x tokens between runs. NaN in summaries recorded before it existed.
+    sent_tok_s: float = math.nan
 
     @property
     def n_failed(self) -> int:
@@ -256,6 +261,7 @@ def summarize(run: RunRecord, slo: Slo, *, warmup_s: float, cooldown_s: float) -
         abort_reason=run.abort_reason,
         notes=tuple(notes),
         first_error=first_error,
+        sent_tok_s=sum(r.output_tokens for r in ok) / length,
     )
 
 
