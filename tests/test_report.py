@@ -20,7 +20,7 @@ import pytest
 
 from pytest_moeperf import report_cli
 from pytest_moeperf.errors import UsageError
-from pytest_moeperf.report import charts, content, provenance
+from pytest_moeperf.report import charts, content, curves, provenance
 from pytest_moeperf.report.charts import Chart, Missing
 from pytest_moeperf.report.markdown import md_escape, md_table
 from pytest_moeperf.report.model import Metric, bar_labels, parse_payload, parse_payloads
@@ -372,8 +372,8 @@ def test_charts_of_several_tests_are_drawn_per_test(cpu: dict[str, Any]) -> None
 
 
 def test_search_curves_against_arrival_rate_with_slo_lines(ab: dict[str, Any]) -> None:
-    curves = charts.curve_charts(results_of(ab))
-    search = [c for c in curves if c.name.startswith("search")]
+    drawn = curves.curve_charts(results_of(ab))
+    search = [c for c in drawn if c.name.startswith("search")]
     assert len(search) == 1
     text = svg_texts(search[0])
     assert "arrival rate (req/s)" in text and "TTFT p99 (ms)" in text and "TPOT p99 (ms)" in text
@@ -382,8 +382,8 @@ def test_search_curves_against_arrival_rate_with_slo_lines(ab: dict[str, Any]) -
 
 
 def test_sweep_curves_against_concurrency(ab: dict[str, Any]) -> None:
-    curves = charts.curve_charts(results_of(ab))
-    sweep = [c for c in curves if c.name.startswith("sweep")]
+    drawn = curves.curve_charts(results_of(ab))
+    sweep = [c for c in drawn if c.name.startswith("sweep")]
     assert len(sweep) == 1 and "concurrency" in svg_texts(sweep[0])
     assert "output tok/s" in svg_texts(sweep[0])
 
@@ -393,14 +393,14 @@ def test_rate_sweep_uses_request_rate_axis(ab: dict[str, Any]) -> None:
         r["search_runs"] = []
         for i, row in enumerate(r["sweep"]):
             row["concurrency"], row["rate"] = None, float(i + 1)
-    curves = charts.curve_charts(results_of(ab))
-    assert len(curves) == 1 and "request rate (req/s)" in svg_texts(curves[0])
+    drawn = curves.curve_charts(results_of(ab))
+    assert len(drawn) == 1 and "request rate (req/s)" in svg_texts(drawn[0])
 
 
 def test_probes_without_summary_are_skipped(cpu: dict[str, Any]) -> None:
     r = cpu["results"][0]
     r["search_runs"] = [{"probes": [{"rate": 1.0, "met": True}, {"rate": None, "summary": {}}]}]
-    assert charts.curve_charts(results_of(cpu)) == []
+    assert curves.curve_charts(results_of(cpu)) == []
 
 
 def test_colors_are_stable_per_config(ab: dict[str, Any]) -> None:

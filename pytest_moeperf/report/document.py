@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pytest_moeperf.report import charts, content, provenance
 from pytest_moeperf.report.charts import Chart, Missing
 from pytest_moeperf.report.content import Table
+from pytest_moeperf.report.curves import curve_charts
 from pytest_moeperf.report.model import Result, Run
 
 
@@ -60,7 +61,7 @@ def build_document(
             for k in range(len(content.CHART_METRICS))
             for i, (family, members) in enumerate(families.items())
         )
-        curves = tuple(charts.curve_charts(results))
+        curves = tuple(curve_charts(results))
     return Document(
         title=title,
         conclusion=content.conclusion(runs),
