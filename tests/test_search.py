@@ -465,3 +465,15 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def test_no_overload_abort_on_an_early_transient_far_below_the_slo() -> None:
+    """Seen on a loaded 2-core VM: TTFT 26 -> 140 ms in the first seconds of a 26 req/s probe
+    projected 3.2 s at its end and stopped it; p99 was 148 ms and the run met 64 req/s."""
+    check = AbortPolicy(planned_requests=400).make(SLO, rate=26.0)  # 15.4 s of sends
+    recs = [_rec(i, i / 26, 0.026 + 0.004 * i) for i in range(40)]  # 26 -> 180 ms in 1.5 s
+    assert check(recs, 1.6) is None  # too early: 10 % of the span
+    assert check(recs, 8.0) is None  # late enough, but 180 ms is < 25 % of the 2 s SLO
+    grown = [_rec(i, i / 26, 0.026 + 0.012 * i) for i in range(120)]  # a real queue: 1.4 s
+    reason = check(grown, 8.0)
+    assert reason is not None and reason.startswith("overload")
