@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import stat
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from pytest_moeperf import report_cli
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.report import charts, content, curves, provenance
 from pytest_moeperf.report.charts import Chart, Missing
-from pytest_moeperf.report.markdown import md_escape, md_table
+from pytest_moeperf.report.html import render_html
+from pytest_moeperf.report.markdown import md_escape, md_table, render_markdown
 from pytest_moeperf.report.model import Metric, bar_labels, parse_payload, parse_payloads
 from pytest_moeperf.report.render import build, read_results_file, write_report
 
@@ -177,9 +179,19 @@ def test_energy_sentence_absent_when_one_config_measured_it(ab: dict[str, Any]) 
 def test_sections_in_order(rendered: dict[str, Any]) -> None:
     html, md, _ = rendered["ab"]
     ids = re.findall(r'<h2 id="([^"]+)"', html)
-    assert ids == ["results", "curves", "numbers", "verdicts", "setup", "not-covered", "reproduce"]
+    assert ids == [
+        "headline",
+        "results",
+        "curves",
+        "numbers",
+        "verdicts",
+        "setup",
+        "not-covered",
+        "reproduce",
+    ]
     heads = [x[3:] for x in md.splitlines() if x.startswith("## ")]
     assert heads == [
+        "Headline figures",
         "Results per metric",
         "Throughput and latency curves",
         "All numbers",
@@ -963,3 +975,306 @@ def test_cli_requires_a_results_file(capsys: pytest.CaptureFixture[str]) -> None
 def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert report_cli.main(["--help"]) == 0
     assert "moeperf report" in capsys.readouterr().out
+
+
+# -- the recorded H200 nightly of 2026-12-04: headline, cards, setup, not covered, reproduce ----
+
+NIGHTLY = Path(__file__).parent.parent / "docs" / "results" / "h200-nightly-2026-12-04"
+NIGHTLY_FILES = [str(NIGHTLY / "results-bf16-fp8-first.json"), str(NIGHTLY / "results-fp8.json")]
+BF16, FP8 = "in-tree (test_h200_fixed_in_tree)", "in-tree (test_h200_fixed_fp8_in_tree)"
+
+
+@pytest.fixture(scope="module")
+def nightly() -> Any:
+    payloads = [read_results_file(Path(p)) for p in NIGHTLY_FILES]
+    return build(payloads, title="H200 nightly 2026-12-04", sources=NIGHTLY_FILES, out="r/n")
+
+
+def test_nightly_takes_fp8_from_the_rerun(nightly: Any) -> None:
+    assert [row[:3] for row in nightly.numbers.rows] == [
+        (BF16, "perf_tests/test_h200.py::test_h200_fixed_in_tree", "passed"),
+        (FP8, "perf_tests/test_h200.py::test_h200_fixed_fp8_in_tree", "passed"),
+    ]
+    replaced = nightly.notes[0]
+    assert replaced.startswith(
+        "perf_tests/test_h200.py::test_h200_fixed_fp8_in_tree [in-tree] of "
+        f"{NIGHTLY_FILES[0]} (failed: the test failed after moeperf.run() (AssertionError:"
+    )
+    assert replaced.endswith(f"is replaced by the later {NIGHTLY_FILES[1]} (passed).")
+    assert "did not pass" not in nightly.conclusion
+    assert not any("baseline not-written" in x for x in nightly.not_covered)
+
+
+def test_nightly_headline_gives_goodput_and_tok_per_j_per_config(nightly: Any) -> None:
+    slo = "(TTFT p99 ≤ 2,000 ms, TPOT p99 ≤ 50.00 ms)"
+    assert nightly.conclusion == (
+        f"{BF16} sustains 1,938 tok/s of SLO goodput {slo} at 3.219 tok/J on NVIDIA H200, "
+        "not compared with a baseline (this run wrote it). "
+        f"{FP8} sustains 1,976 tok/s of SLO goodput {slo} at 5.426 tok/J on NVIDIA H200, "
+        "not compared with a baseline (this run wrote it). "
+        f"{FP8} against {BF16}: SLO goodput +1.9 % (inside the run-to-run bands: not a shown "
+        "difference), tok/J +68.6 % (the run-to-run bands do not overlap)."
+    )
+
+
+def test_nightly_cards(nightly: Any) -> None:
+    bf16, fp8 = nightly.cards
+    assert (bf16.config, fp8.config) == (BF16, FP8)
+    assert bf16.subtitle == "h200-fixed-1024-128 · bfloat16 · passed"
+    assert fp8.subtitle == "h200-fixed-1024-128-fp8 · bfloat16, fp8 · passed"
+    figs = {c.config: {f.label: (f.value, f.detail) for f in c.figures} for c in nightly.cards}
+    slo = "TTFT p99 ≤ 2,000 ms, TPOT p99 ≤ 50.00 ms"
+    rated = "of the rated 4.8 TB/s HBM bandwidth, at the SLO boundary"
+    nvml = "board power (nvml_total_energy_counter)"
+    assert figs[BF16] == {
+        "SLO goodput": ("1,938 tok/s", f"at 15.94 req/s, {slo}"),
+        "Energy efficiency": ("3.219 tok/J", f"at 576.1 W {nvml}"),
+        "MBU": ("51.2 %", rated),
+        "Run-to-run band": (
+            "13.5 %",
+            "max − min over the median of 3 runs: SLO goodput 1,925–2,187 tok/s; "
+            "tok/J 2.984–3.293 (9.6 %)",
+        ),
+    }
+    assert figs[FP8] == {
+        "SLO goodput": ("1,976 tok/s", f"at 14.31 req/s, {slo}"),
+        "Energy efficiency": ("5.426 tok/J", f"at 322.0 W {nvml}"),
+        "MBU": ("45.0 %", rated),  # as amended in the baseline, not the recorded 84.5 %
+        "Run-to-run band": (
+            "18.9 %",
+            "max − min over the median of 3 runs: SLO goodput 1,663–2,037 tok/s; "
+            "tok/J 5.150–5.665 (9.5 %)",
+        ),
+    }
+
+
+def test_nightly_fp8_mbu_is_the_amended_one_and_says_so(nightly: Any) -> None:
+    amended = nightly.notes[1]
+    assert amended.startswith(
+        "perf_tests/test_h200.py::test_h200_fixed_fp8_in_tree [in-tree]: mbu 84.5 % → 45.0 %, "
+        "as amended in the baseline this run wrote (baselines/perf_tests_test_h200.py--"
+        "test_h200_fixed_fp8_in_tree-816173d2/"
+    )
+    assert "0.8449 -> 0.4503" in amended and "by benchmarks/h200/rederive_mbu.py" in amended
+    assert len(nightly.notes) == 2  # the bf16 baseline was not amended
+    assert [row[4] for row in nightly.numbers.rows] == ["51.2 %", "45.0 %"]
+
+
+def test_nightly_setup_section(nightly: Any) -> None:
+    assert nightly.setup.headers == ("", BF16, FP8)
+    rows = {r[0]: r[1:] for r in nightly.setup.rows}
+    assert rows["accelerator"] == ("1 × NVIDIA H200",) * 2
+    assert (
+        rows["GPU limits"] == ("700 W power limit, SM 1,980 MHz, memory 3,201 MHz, 140.4 GiB",) * 2
+    )
+    assert rows["host CPU"] == ("Intel(R) Xeon(R) Processor",) * 2
+    assert rows["engine (backend)"] == ("vllm 0.24.0 (cuda)",) * 2
+    assert rows["dtype / quantization"] == ("bfloat16 / none", "bfloat16 / fp8")
+    assert rows["spec"] == ("h200-fixed-1024-128", "h200-fixed-1024-128-fp8")
+    assert rows["MoE config"] == (
+        "in-tree (hash n/a, 1 file(s) loaded)",
+        "in-tree (hash n/a, 0 file(s) loaded)",
+    )
+    assert rows["runs per config, band"] == ("3 runs (3 recorded); error bars = min-max",) * 2
+
+
+def test_nightly_not_covered(nightly: Any) -> None:
+    items = nightly.not_covered
+    assert f"No accuracy measured for {BF16}, {FP8} (e.g. dummy weights)" in items[1]
+    assert (
+        f"{FP8} loaded no fused-MoE config file (vLLM's default tiling): its figures are of the "
+        "untuned kernel, not of a tuned config." in items
+    )
+    assert not any(x.startswith(f"{BF16} loaded no") for x in items)
+    for label in (BF16, FP8):
+        assert (
+            f"{label} was not compared with a baseline: this run wrote it "
+            "(--moeperf-refresh-baselines), so it has no verdict." in items
+        )
+    assert (
+        "The run-to-run band of SLO goodput (max - min of the runs over the median) is 13.5 % "
+        f"for {BF16}, 18.9 % for {FP8}: a difference smaller than that is not shown by these "
+        "runs." in items
+    )
+    warnings = [x for x in items if x.startswith("Warning in ")]
+    assert warnings == [
+        f"Warning in {NIGHTLY_FILES[0]}, {NIGHTLY_FILES[1]}: vllm is installed but its server "
+        "parser does not load here (ModuleNotFoundError: No module named "
+        "'vllm.entrypoints.launchers')"
+    ]
+
+
+def test_nightly_reproduce_commands_paste_into_a_shell(nightly: Any) -> None:
+    bf16_cmd, fp8_cmd, report = nightly.reproduce
+    argv = shlex.split(bf16_cmd)
+    assert argv[argv.index("-k") + 1] == "h200_fixed_in_tree or h200_fixed_fp8_in_tree"
+    assert argv[argv.index("--moeperf-reason") + 1] == (
+        "First H200 baselines (issue 16): steady-state probes, prefix caching off, 3 runs; "
+        "vLLM 0.24.0, dummy weights"
+    )
+    assert argv[argv.index("--moeperf-results") + 1] == "/root/run/results.json"
+    assert shlex.split(fp8_cmd)[shlex.split(fp8_cmd).index("-k") + 1] == "h200_fixed_fp8_in_tree"
+    assert shlex.split(report) == [
+        "moeperf",
+        "report",
+        *NIGHTLY_FILES,
+        "--title",
+        "H200 nightly 2026-12-04",
+        "--out",
+        "r/n",
+    ]
+
+
+def test_nightly_rendered_sections_hold_the_cards(nightly: Any) -> None:
+    html, md = render_html(nightly), render_markdown(nightly, "n_files")
+    for text in ("1,938 tok/s", "3.219 tok/J", "51.2 %", "13.5 %", "1,976 tok/s", "45.0 %"):
+        assert f'<span class="value">{text}</span>' in html
+    assert '<h2 id="headline">Headline figures</h2>' in html and '<ul id="notes">' in html
+    assert "- SLO goodput: **1,938 tok/s** — at 15.94 req/s" in md
+    assert "- MBU: **45.0 %** — of the rated 4.8 TB/s HBM bandwidth" in md
+    assert "- Run-to-run band: **18.9 %** — max − min over the median of 3 runs" in md
+    assert md.index("## Headline figures") < md.index("Replaced and corrected results:")
+    assert md.index("Replaced and corrected results:") < md.index("## Results per metric")
+
+
+# -- several files: a later file wins per test ---------------------------------------------
+
+
+def _rerun_pair(cpu: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    lean(cpu)
+    first = copy.deepcopy(cpu)
+    first["results"][0]["outcome"] = "failed"
+    first["results"][0]["reasons"] = ["the test failed after moeperf.run() (AssertionError)"]
+    first["warnings"] = [f"{first['results'][0]['nodeid']}: baseline not-written: failed", "w"]
+    second = copy.deepcopy(cpu)
+    second["results"] = second["results"][:1]
+    second["results"][0]["metrics"]["slo_goodput_tok_s"]["center"] = 99.5
+    return first, second
+
+
+def test_later_file_wins_per_test(cpu: dict[str, Any]) -> None:
+    first, second = _rerun_pair(cpu)
+    doc = build([first, second], title="t", sources=["mon.json", "re-run.json"])
+    rows = [(r[0], r[2], r[6]) for r in doc.numbers.rows]
+    assert rows == [
+        ("in-tree (test_embedded_long_prompts)", "partial", "21.70 tok/s"),
+        ("in-tree (test_embedded_goodput)", "passed", "99.50 tok/s"),
+    ]
+    assert doc.notes == (
+        "perf_tests/test_embedded.py::test_embedded_goodput [in-tree] of mon.json (failed: "
+        "the test failed after moeperf.run() (AssertionError)) is replaced by the later "
+        "re-run.json (passed).",
+    )
+    assert "Warning in mon.json: w" in doc.not_covered
+    assert not any("baseline not-written: failed" in x for x in doc.not_covered)
+
+
+def test_keeping_every_file_tells_the_runs_apart(cpu: dict[str, Any]) -> None:
+    first, second = _rerun_pair(cpu)
+    doc = build([first, second], title="t", sources=["a.json", "b.json"], latest_per_test=False)
+    labels = [r[0] for r in doc.numbers.rows]
+    assert labels == [
+        "in-tree (test_embedded_goodput) · run 1",
+        "in-tree (test_embedded_long_prompts)",
+        "in-tree (test_embedded_goodput) · run 2",
+    ]
+    assert doc.notes == ()
+
+
+def test_cli_several_files_later_wins(
+    cpu: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, second = _rerun_pair(cpu)
+    a, b = tmp_path / "first.json", tmp_path / "rerun.json"
+    a.write_text(json.dumps(first))
+    b.write_text(json.dumps(second))
+    out = tmp_path / "rep"
+    assert report_cli.main([str(a), str(b), "--title", "re-run", "--out", str(out)]) == 0
+    md = (tmp_path / "rep.md").read_text()
+    assert f"of {md_escape(a)} (failed" in md and f"by the later {md_escape(b)} (passed)" in md
+    assert "· run 2" not in md and "99.50 tok/s" in md
+    assert f"moeperf report {a} {b} --title re-run --out {out}" in md
+
+
+# -- corrections amended into the baseline a result wrote -----------------------------------
+
+
+def _amended_tree(cpu: dict[str, Any], tmp_path: Path, what: str = "mbu re-derived") -> Path:
+    """A checkout: baselines/t/b.json (amended) and results/run.json recorded elsewhere."""
+    lean(cpu)
+    cpu["results"] = cpu["results"][:1]
+    r = cpu["results"][0]
+    r["baseline"] = {"status": "written", "path": "/root/repo/baselines/t/b.json"}
+    r["metrics"]["mbu"] = {"runs": [0.8, 0.9, 0.7], "center": 0.8, "unit": "fraction"}
+    stored = {k: m["runs"] for k, m in r["metrics"].items()}
+    stored["mbu"] = [0.4, 0.5, 0.3]
+    amendment = {"date": "2026-12-04", "by": "fix.py", "what": what, "why": "bf16 width"}
+    (tmp_path / "baselines" / "t").mkdir(parents=True)
+    (tmp_path / "baselines" / "t" / "b.json").write_text(
+        json.dumps({"metrics": stored, "provenance": {"amended": [amendment]}})
+    )
+    (tmp_path / "results").mkdir()
+    path = tmp_path / "results" / "run.json"
+    path.write_text(json.dumps(cpu))
+    return path
+
+
+def test_amended_baseline_value_replaces_the_recorded_one(
+    cpu: dict[str, Any], tmp_path: Path
+) -> None:
+    path = _amended_tree(cpu, tmp_path)
+    doc = build([read_results_file(path)], title="t", sources=[str(path)])
+    assert doc.numbers.rows[0][4] == "40.0 %"
+    assert doc.notes == (
+        "perf_tests/test_embedded.py::test_embedded_goodput [in-tree]: mbu 80.0 % → 40.0 %, "
+        "as amended in the baseline this run wrote (baselines/t/b.json): 2026-12-04 by fix.py: "
+        "mbu re-derived (why: bf16 width).",
+    )
+
+
+def test_amendment_not_naming_the_metric_is_not_applied(
+    cpu: dict[str, Any], tmp_path: Path
+) -> None:
+    path = _amended_tree(cpu, tmp_path, what="power re-read")
+    doc = build([read_results_file(path)], title="t", sources=[str(path)])
+    assert doc.numbers.rows[0][4] == "80.0 %" and doc.notes == ()
+
+
+def test_baseline_of_another_recording_is_not_applied(cpu: dict[str, Any], tmp_path: Path) -> None:
+    path = _amended_tree(cpu, tmp_path)
+    data = json.loads(path.read_text())
+    data["results"][0]["metrics"]["slo_goodput_tok_s"]["runs"][0] += 1.0
+    path.write_text(json.dumps(data))
+    doc = build([read_results_file(path)], title="t", sources=[str(path)])
+    assert doc.numbers.rows[0][4] == "80.0 %" and doc.notes == ()
+
+
+def test_baseline_that_this_run_did_not_write_is_not_read(
+    cpu: dict[str, Any], tmp_path: Path
+) -> None:
+    path = _amended_tree(cpu, tmp_path)
+    data = json.loads(path.read_text())
+    data["results"][0]["baseline"]["status"] = "compared"
+    path.write_text(json.dumps(data))
+    assert build([data], title="t", sources=[str(path)]).notes == ()
+
+
+# -- recorded commands, re-quoted ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("recorded", "argv"),
+    [
+        ("pytest t.py -k a or b -v", ["pytest", "t.py", "-k", "a or b", "-v"]),
+        ("pytest -m=not gpu --x", ["pytest", "-m=not gpu", "--x"]),
+        ("pytest --moeperf-reason why; (1) -q", ["pytest", "--moeperf-reason", "why; (1)", "-q"]),
+        ("pytest -k", ["pytest", "-k"]),
+    ],
+)
+def test_requote_restores_free_text_arguments(recorded: str, argv: list[str]) -> None:
+    assert shlex.split(provenance.requote(recorded)) == argv
+
+
+def test_requote_leaves_quoted_and_other_commands_alone() -> None:
+    assert provenance.requote("pytest -k 'a or b'") == "pytest -k 'a or b'"
+    assert provenance.requote("vllm serve m --dtype bf16") == "vllm serve m --dtype bf16"

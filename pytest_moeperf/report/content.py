@@ -143,7 +143,51 @@ def _verdict_phrase(r: Result) -> str:
             delta += f", p = {v.p_value:.2g}"
         return f"{v.outcome} against the baseline{delta + ')' if delta else ''}"
     status = r.baseline.get("status")
+    if status == "written":
+        return "not compared with a baseline (this run wrote it)"
     return f"not compared with a baseline (baseline {status or 'n/a'})"
+
+
+def _comparable(a: Result, b: Result) -> bool:
+    """Same trace, arrivals, SLO and accelerator: their figures may be set side by side."""
+    return all(a.spec.get(k) == b.spec.get(k) for k in ("trace", "arrival", "slo")) and (
+        a.setup.get("accelerator") == b.setup.get("accelerator")
+    )
+
+
+def _overlap(a: Metric, b: Metric) -> bool | None:
+    if a.spread is None or b.spread is None:
+        return None
+    return not (b.spread[0] > a.spread[1] or b.spread[1] < a.spread[0])
+
+
+def comparison(results: Sequence[Result]) -> list[str]:
+    """Each result against the first comparable one: relative difference of SLO goodput and
+    tok/J, and whether it lies inside the run-to-run (min-max) bands, i.e. is not shown."""
+    labels = bar_labels(results)
+    out = []
+    for i, r in enumerate(results[1:], 1):
+        ref = next((j for j in range(i) if _comparable(results[j], r)), None)
+        if ref is None:
+            continue
+        parts = []
+        for name, title in (("slo_goodput_tok_s", "SLO goodput"), ("tok_per_j", "tok/J")):
+            a, b = results[ref].metric(name), r.metric(name)
+            if a is None or b is None or not a.measured or not b.measured or not a.center:
+                continue
+            assert b.center is not None
+            text = f"{title} {(b.center / a.center - 1) * 100:+.1f} %"
+            inside = _overlap(a, b)
+            if inside is not None:
+                text += (
+                    " (inside the run-to-run bands: not a shown difference)"
+                    if inside
+                    else " (the run-to-run bands do not overlap)"
+                )
+            parts.append(text)
+        if parts:
+            out.append(f"{labels[i]} against {labels[ref]}: " + ", ".join(parts) + ".")
+    return out
 
 
 def conclusion(runs: Sequence[Run]) -> str:
@@ -158,13 +202,16 @@ def conclusion(runs: Sequence[Run]) -> str:
             g = r.metric("slo_goodput_tok_s")
             where = r.setup.get("accelerator") or "unknown hardware"
             if g is not None and g.measured:
+                e = r.metric("tok_per_j")
+                energy = f" at {fmt_metric(e)}" if e is not None and e.measured else ""
                 sentences.append(
                     f"{labels[id(r)]} sustains {fmt_metric(g)} of SLO goodput "
-                    f"({slo_text(r.spec)}) on {where}, {_verdict_phrase(r)}."
+                    f"({slo_text(r.spec)}){energy} on {where}, {_verdict_phrase(r)}."
                 )
             else:
                 why = missing_text(g.note if g is not None else None)
                 sentences.append(f"SLO goodput of {labels[id(r)]} was {why}.")
+        sentences += comparison(results)
     unmeasured = [r for r in results if r.center("tok_per_j") is None]
     if unmeasured and len(unmeasured) == len(results):
         m = unmeasured[0].metric("tok_per_j")

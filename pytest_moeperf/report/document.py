@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_moeperf.report import charts, content, provenance
+from pytest_moeperf.report.cards import Card, cards
 from pytest_moeperf.report.charts import Chart, Missing
 from pytest_moeperf.report.content import Table
 from pytest_moeperf.report.curves import curve_charts
@@ -17,6 +18,8 @@ class Document:
     title: str
     conclusion: str
     meta: str
+    cards: tuple[Card, ...]
+    notes: tuple[str, ...]  # results replaced by a later file, corrections applied
     bars: tuple[Chart | Missing, ...]
     curves: tuple[Chart, ...]
     numbers: Table
@@ -32,7 +35,12 @@ class Document:
 
 
 def build_document(
-    runs: Sequence[Run], *, title: str, sources: Sequence[str], out: str
+    runs: Sequence[Run],
+    *,
+    title: str,
+    sources: Sequence[str],
+    out: str,
+    notes: Sequence[str] = (),
 ) -> Document:
     results = [r for run in runs for r in run.results]
     rated = next(
@@ -66,6 +74,8 @@ def build_document(
         title=title,
         conclusion=content.conclusion(runs),
         meta=provenance.generated_note(runs),
+        cards=cards(results),
+        notes=tuple(notes),
         bars=bars,
         curves=curves,
         numbers=content.numbers_table(results),

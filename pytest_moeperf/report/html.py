@@ -10,6 +10,7 @@ import base64
 import html
 from collections.abc import Sequence
 
+from pytest_moeperf.report.cards import Card
 from pytest_moeperf.report.charts import Chart, Missing
 from pytest_moeperf.report.content import Table
 from pytest_moeperf.report.document import Document
@@ -33,6 +34,13 @@ th,td{border:1px solid #ddd;padding:.25rem .45rem;text-align:left;vertical-align
 th{background:#f3f3f3}tr:nth-child(even) td{background:#fafafa}
 td.bad{color:#a00;font-weight:600}td.good{color:#276b27;font-weight:600}
 pre{background:#f6f6f6;padding:.6rem;overflow-x:auto;font-size:.82rem}
+.cards{display:flex;flex-wrap:wrap;gap:1rem}
+.card{border:1px solid #dde3ea;border-radius:6px;padding:.6rem .9rem;min-width:300px;flex:1}
+.card h3{margin:0;font-size:1rem}.card p.sub{margin:.1rem 0 .5rem;color:#666;font-size:.8rem}
+.card dl{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:.5rem 1rem;margin:0}
+.card dt{font-size:.75rem;color:#555;text-transform:uppercase;letter-spacing:.03em}
+.card dd{margin:0}.card .value{font-size:1.35rem;font-weight:600}
+.card .detail{display:block;font-size:.75rem;color:#555}
 """
 _BAD = {"failed", "regressed", "no", "partial", "error", "warn", "noisy:"}
 _GOOD = {"passed", "improved", "yes", "ok", "quiet:"}
@@ -77,6 +85,25 @@ def table(t: Table, css_id: str) -> str:
     return f'<table id="{css_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def _cards(cards: Sequence[Card], notes: Sequence[str]) -> str:
+    parts = []
+    for c in cards:
+        items = "".join(
+            f'<div><dt>{esc(f.label)}</dt><dd><span class="value">{esc(f.value)}</span>'
+            f'<span class="detail">{esc(f.detail)}</span></dd></div>'
+            for f in c.figures
+        )
+        parts.append(
+            f'<div class="card"><h3>{esc(c.config)}</h3><p class="sub">{esc(c.subtitle)}</p>'
+            f"<dl>{items}</dl></div>"
+        )
+    out = '<div class="cards">' + "".join(parts) + "</div>"
+    if notes:
+        out += '<p class="meta">Replaced and corrected results:</p><ul id="notes">'
+        out += "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>"
+    return out
+
+
 def render_html(doc: Document) -> str:
     s: list[str] = [
         "<!DOCTYPE html>",
@@ -89,6 +116,10 @@ def render_html(doc: Document) -> str:
         f"<h1>{esc(doc.title)}</h1>",
         f'<p class="conclusion" id="conclusion">{esc(doc.conclusion)}</p>',
         f'<p class="meta">{esc(doc.meta)}</p>',
+    ]
+    if doc.cards:
+        s += ['<h2 id="headline">Headline figures</h2>', _cards(doc.cards, doc.notes)]
+    s += [
         '<h2 id="results">Results per metric</h2>',
         _charts(doc.bars),
     ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from pytest_moeperf.report.cards import Card
 from pytest_moeperf.report.charts import Chart, Missing
 from pytest_moeperf.report.content import Table
 from pytest_moeperf.report.document import Document
@@ -51,6 +52,20 @@ def _charts(items: Sequence[Chart | Missing], files_dir: str) -> list[str]:
     return out
 
 
+def _cards(cards: Sequence[Card], notes: Sequence[str]) -> list[str]:
+    out = []
+    for c in cards:
+        out += [f"**{md_escape(c.config)}** · {md_escape(c.subtitle)}", ""]
+        for f in c.figures:
+            detail = f" — {md_escape(f.detail)}" if f.detail else ""
+            out.append(f"- {md_escape(f.label)}: **{md_escape(f.value)}**{detail}")
+        out.append("")
+    if notes:
+        out += ["Replaced and corrected results:", ""]
+        out += [f"- {md_escape(n)}" for n in notes] + [""]
+    return out
+
+
 def render_markdown(doc: Document, files_dir: str) -> str:
     s = [
         f"# {md_escape(doc.title)}",
@@ -59,6 +74,10 @@ def render_markdown(doc: Document, files_dir: str) -> str:
         "",
         f"<sub>{md_escape(doc.meta)}</sub>",
         "",
+    ]
+    if doc.cards:
+        s += ["## Headline figures", "", *_cards(doc.cards, doc.notes)]
+    s += [
         "## Results per metric",
         "",
         *_charts(doc.bars, files_dir),

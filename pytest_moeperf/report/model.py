@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_moeperf.errors import UsageError
@@ -313,3 +313,38 @@ def bar_labels(results: Sequence[Result]) -> list[str]:
         f"{label} · run {r.run_index + 1}" if seen[label] > 1 else label
         for label, r in zip(labels, results, strict=True)
     ]
+
+
+def latest_per_test(runs: Sequence[Run]) -> tuple[list[Run], list[str]]:
+    """Keep one result per test (nodeid x config): the one of the latest file that holds it.
+
+    Why: a test that failed for a reason of its own (a wrong assertion) is re-run into a new
+    results file; the report of that night takes the re-run, says so, and drops the session
+    warnings that were about the replaced result. Returns the runs and one line per replacement.
+    """
+    last: dict[tuple[str, str], int] = {}
+    for i, run in enumerate(runs):
+        for r in run.results:
+            last[(r.nodeid, r.config)] = i
+    out: list[Run] = []
+    notes: list[str] = []
+    for i, run in enumerate(runs):
+        keep = tuple(r for r in run.results if last[(r.nodeid, r.config)] == i)
+        gone = [r for r in run.results if last[(r.nodeid, r.config)] != i]
+        for r in gone:
+            later = runs[last[(r.nodeid, r.config)]]
+            new = next(x for x in later.results if (x.nodeid, x.config) == (r.nodeid, r.config))
+            why = f": {_clip('; '.join(r.reasons), 140)}" if r.reasons else ""
+            notes.append(
+                f"{r.nodeid} [{r.config}] of {run.source} ({r.outcome}{why}) is replaced by "
+                f"the later {later.source} ({new.outcome})."
+            )
+        warnings = tuple(
+            w for w in run.warnings if not any(w.startswith(f"{r.nodeid}:") for r in gone)
+        )
+        out.append(replace(run, results=keep, warnings=warnings))
+    return out, notes
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1].rstrip() + "…"

@@ -13,8 +13,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_moeperf.hygiene.model import NOISY_PREFIX
+from pytest_moeperf.report.cards import band_width
 from pytest_moeperf.report.content import Table, missing_text, slo_text
 from pytest_moeperf.report.model import Result, Run, bar_labels
+
+WIDE_BAND = 0.02  # a goodput band wider than this is worth a line in "Not covered"
+FREE_TEXT_OPTIONS = ("-k", "-m", "--moeperf-reason")  # their values hold spaces
 
 
 def _parallelism(s: Mapping[str, Any]) -> str | None:
@@ -29,6 +33,24 @@ def _accel(s: Mapping[str, Any]) -> str | None:
         return None
     n = s.get("gpu_count")
     return f"{n} × {name}" if isinstance(n, int) and s.get("backend") != "cpu" else str(name)
+
+
+def _gpu(s: Mapping[str, Any]) -> str | None:
+    """Power limit, max clocks and memory of the first GPU (the ones a result used match)."""
+    gpus = s.get("gpus")
+    g = gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], Mapping) else None
+    if g is None:
+        return None
+    parts = []
+    if isinstance(w := g.get("power_limit_w"), (int, float)):
+        parts.append(f"{w:g} W power limit")
+    if isinstance(sm := g.get("sm_clock_max_mhz"), int):
+        parts.append(f"SM {sm:,} MHz")
+    if isinstance(mem := g.get("mem_clock_max_mhz"), int):
+        parts.append(f"memory {mem:,} MHz")
+    if isinstance(b := g.get("memory_total_bytes"), int):
+        parts.append(f"{b / 2**30:.1f} GiB")
+    return ", ".join(parts) or None
 
 
 def _gate(r: Result) -> str:
@@ -56,6 +78,8 @@ def setup_table(results: Sequence[Result]) -> Table:
             "dtype / quantization",
             lambda r: f"{r.setup.get('dtype') or 'n/a'} / {r.setup.get('quantization') or 'none'}",
         ),
+        ("GPU limits", lambda r: _gpu(r.setup)),
+        ("host CPU", lambda r: r.setup.get("cpu")),
         ("parallelism", lambda r: _parallelism(r.setup)),
         ("MoE config", lambda r: _moe(r.moe_config)),
         ("spec", lambda r: r.spec.get("name")),
@@ -145,6 +169,8 @@ def not_covered(runs: Sequence[Run]) -> list[str]:
         if text not in out:
             out.append(text)
 
+    no_accuracy = [labels[id(r)] for r in results
+                   if not r.accuracy and r.setup.get("backend") not in (None, "cpu")]  # fmt: skip
     for r in results:
         label, src = labels[id(r)], r.setup.get("power_source")
         if r.hygiene is not None and r.hygiene.noisy:
@@ -168,13 +194,23 @@ def not_covered(runs: Sequence[Run]) -> list[str]:
                 + "."
             )
             add("CPU numbers do not extrapolate to GPU throughput, latency or MBU.")
-        if not r.accuracy and r.setup.get("backend") not in (None, "cpu"):
+        if label in no_accuracy:
             add(
-                f"No accuracy measured for {label} (e.g. dummy weights): a config that "
-                "produces wrong tokens faster would not be caught."
+                f"No accuracy measured for {', '.join(no_accuracy)} (e.g. dummy weights): a "
+                "config that produces wrong tokens faster would not be caught."
+            )
+        if r.setup.get("backend") not in (None, "cpu") and r.moe_config.get("loaded") == []:
+            add(
+                f"{label} loaded no fused-MoE config file (vLLM's default tiling): its "
+                "figures are of the untuned kernel, not of a tuned config."
             )
         status = r.baseline.get("status")
-        if status and status != "compared":
+        if status == "written":
+            add(
+                f"{label} was not compared with a baseline: this run wrote it "
+                "(--moeperf-refresh-baselines), so it has no verdict."
+            )
+        elif status and status != "compared":
             add(f"{label} was not compared with a baseline: {status}.")
         if r.outcome == "partial":
             add(f"{label} is partial: " + ("; ".join(r.reasons) or "interrupted") + ".")
@@ -196,25 +232,71 @@ def not_covered(runs: Sequence[Run]) -> list[str]:
         )
     for p in sorted({p for r in results if (p := _parallelism(r.setup))}):
         add(f"Only {p}: other parallelism layouts are not covered.")
+    bands = [
+        f"{_pct(width)} for {labels[id(r)]}"
+        for r in results
+        if (width := band_width(r.metric("slo_goodput_tok_s"))) is not None and width >= WIDE_BAND
+    ]
+    if bands:
+        add(
+            "The run-to-run band of SLO goodput (max - min of the runs over the median) is "
+            + ", ".join(bands)
+            + ": a difference smaller than that is not shown by these runs."
+        )
+    warned: dict[str, list[str]] = {}
     for run in runs:
         for w in run.warnings:
             if NOISY_PREFIX not in w:  # said above, per config, from the result's hygiene
-                add(f"Warning in {run.source}: {w}")
+                warned.setdefault(w, []).append(run.source)
+    for w, sources in warned.items():
+        add(f"Warning in {', '.join(dict.fromkeys(sources))}: {w}")
     return out
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:.1f} %"
 
 
 def reproduce(runs: Sequence[Run], sources: Sequence[str], title: str, out: str) -> list[str]:
     """The recorded commands, then the command that rebuilds this report."""
     cmds: list[str] = []
     for run in runs:
-        if run.command and run.command not in cmds:
-            cmds.append(run.command)
-        for r in run.results:
-            c = r.setup.get("command")
-            if isinstance(c, str) and c and c not in cmds:
-                cmds.append(c)
+        recorded = [run.command, *(r.setup.get("command") for r in run.results)]
+        for c in recorded:
+            if isinstance(c, str) and c and requote(c) not in cmds:
+                cmds.append(requote(c))
     cmds.append(shlex.join(["moeperf", "report", *sources, "--title", title, "--out", out]))
     return cmds
+
+
+def requote(command: str) -> str:
+    """A recorded pytest command with its quoting restored, so it can be pasted into a shell.
+
+    The plugin records ``sys.argv`` joined by spaces, which loses the quotes around a ``-k``
+    expression or a ``--moeperf-reason`` text: their words are taken up to the next option and
+    quoted again, every other word is quoted where the shell needs it. A command that already
+    holds quotes, or is not a pytest command, is returned as recorded.
+    """
+    words = command.split(" ")
+    if "'" in command or '"' in command or not words or words[0] != "pytest":
+        return command
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        opt, eq, first = word.partition("=")
+        if opt in FREE_TEXT_OPTIONS and (eq or i + 1 < len(words)):
+            value = [first if eq else words[i + 1]]
+            i += 1 if eq else 2
+            while i < len(words) and not words[i].startswith("-"):
+                value.append(words[i])
+                i += 1
+            text = " ".join(value)
+            out.append(f"{opt}={shlex.quote(text)}" if eq else f"{opt} {shlex.quote(text)}")
+            continue
+        out.append(shlex.quote(word) if word else "''")
+        i += 1
+    return " ".join(out)
 
 
 def generated_note(runs: Sequence[Run]) -> str:

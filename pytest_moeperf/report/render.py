@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.errors import UsageError
+from pytest_moeperf.report import model
+from pytest_moeperf.report.amend import apply_amendments
 from pytest_moeperf.report.document import Document, build_document
 from pytest_moeperf.report.html import render_html
 from pytest_moeperf.report.markdown import render_markdown
@@ -70,16 +72,27 @@ def build(
     title: str,
     sources: Sequence[str] | None = None,
     out: str = "report.html",
+    latest_per_test: bool = True,
 ) -> Document:
-    """Validate the payloads and compute everything the report shows (charts included)."""
+    """Validate the payloads and compute everything the report shows (charts included).
+
+    With several payloads, a test (nodeid x config) held by more than one keeps only the result
+    of the last payload that holds it (a re-run replaces its failed run; the report says so);
+    ``latest_per_test=False`` keeps every payload's results side by side ("· run 2").
+    Corrections amended into a baseline a result wrote are applied (report/amend.py).
+    """
     if not title.strip():
         raise UsageError("write_report", "title", title, "is empty", "pass --title TEXT")
     # The same JSON round trip as the results file (default=str): tuples, Paths and numpy
     # scalars in an in-memory payload read exactly as they will from the file.
     plain = [json.loads(json.dumps(p, default=str)) for p in payloads]
     runs = parse_payloads(plain, sources)
+    notes: list[str] = []
+    if latest_per_test:
+        runs, notes = model.latest_per_test(runs)
+    runs, amended = apply_amendments(runs)
     names = list(sources) if sources is not None else ["RESULTS.json"] * (len(payloads) > 0)
-    return build_document(runs, title=title, sources=names, out=out)
+    return build_document(runs, title=title, sources=names, out=out, notes=[*notes, *amended])
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -100,15 +113,19 @@ def write_report(
     *,
     title: str,
     sources: Sequence[str] | None = None,
+    latest_per_test: bool = True,
 ) -> tuple[Path, Path]:
     """Write ``path.with_suffix('.html')`` and ``.md`` (+ ``<stem>_files/*.png``); return both.
 
     ``sources`` names the results file of each payload: error messages and the "Reproduce"
-    command use it. Raises UsageError for a payload that is not a results file.
+    command use it; ``latest_per_test`` is ``build``'s. Raises UsageError for a payload that is
+    not a results file.
     """
     path = Path(path)
     html_path, md_path = path.with_suffix(".html"), path.with_suffix(".md")
-    doc = build(payloads, title=title, sources=sources, out=str(path))
+    doc = build(
+        payloads, title=title, sources=sources, out=str(path), latest_per_test=latest_per_test
+    )
     files_dir = path.parent / f"{path.stem}_files"
     path.parent.mkdir(parents=True, exist_ok=True)
     files_dir.mkdir(exist_ok=True)
