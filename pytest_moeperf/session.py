@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -242,7 +243,7 @@ def command_line(argv: list[str]) -> str:
     name = Path(argv[0]).name if argv else "pytest"
     if name in ("__main__.py", "py.test", "pytest.py") or name.startswith("pytest"):
         name = "pytest"
-    return " ".join([name, *argv[1:]])
+    return shlex.join([name, *argv[1:]])  # quoted: a -k expression or a reason pastes back
 
 
 def _finite(value: Any) -> Any:

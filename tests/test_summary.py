@@ -210,3 +210,15 @@ def test_sent_tokens_count_the_window_s_sends_not_the_queue_at_its_edges() -> No
     assert LoadSummary.from_dict(json.loads(json.dumps(s.to_dict()))).sent_tok_s == s.sent_tok_s
     old = {k: v for k, v in s.to_dict().items() if k != "sent_tok_s"}
     assert math.isnan(LoadSummary.from_dict(old).sent_tok_s)  # recorded before it existed
+
+
+def test_command_line_keeps_the_quotes_a_shell_needs() -> None:
+    """Recorded H200 commands lost the quotes of ``-k "a or b"`` and of the reason text."""
+    import shlex
+
+    from pytest_moeperf.session import command_line
+
+    argv = ["/v/bin/pytest", "-k", "h200_fixed_in_tree or h200_fixed_fp8_in_tree",
+            "--moeperf-reason", "first H200 baselines (issue 16): 3 runs"]  # fmt: skip
+    line = command_line(argv)
+    assert shlex.split(line) == ["pytest", *argv[1:]]

@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -57,7 +58,7 @@ class Provenance:
             commit=_git_commit(cwd),
             date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             host=socket.gethostname(),
-            command=command if command is not None else " ".join(sys.argv),
+            command=command if command is not None else shlex.join(sys.argv),
             reason=reason,
             plugin_version=__version__,
         )
