@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from pytest_moeperf.errors import UsageError
+from pytest_moeperf.load.requests import build_requests
 from pytest_moeperf.spec.model import WorkloadSpec
 from pytest_moeperf.spec.traces import (
     Z_090,
-    build_requests,
     fit_to_context,
     lognormal_params,
     read_replay,

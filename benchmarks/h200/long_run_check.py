@@ -43,9 +43,9 @@ BENCH_SHIM = (
 
 def plugin_run(spec, url: str, model: str, rate: float, seconds: float, vocab: int, seed: int):  # type: ignore[no-untyped-def]
     from pytest_moeperf.load.probe import steady_check, summarize_steady
+    from pytest_moeperf.load.requests import build_requests
     from pytest_moeperf.load.runner import run_load
     from pytest_moeperf.load.serverstats import Sampler, wait_idle
-    from pytest_moeperf.spec.traces import build_requests
 
     idle = wait_idle(url)
     reqs = build_requests(

@@ -110,9 +110,9 @@ class RunDriver:
 
     def _open_loop(self, endpoint: Endpoint, rate: float, n: int) -> int:
         """Unmeasured Poisson load (its own seeds, never a probe's requests); returns n."""
+        from pytest_moeperf.load.requests import build_requests
         from pytest_moeperf.load.runner import run_load
         from pytest_moeperf.load.serverstats import wait_idle
-        from pytest_moeperf.spec.traces import build_requests
 
         s = self.spec
         requests = build_requests(s.workload, vocab_size=self.vocab_size,

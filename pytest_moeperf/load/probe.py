@@ -164,9 +164,9 @@ def measure_run(
         return result
 
     def probe_once(rate: float, abort: AbortCheck) -> tuple[ProbeResult, float | None]:
+        from pytest_moeperf.load.requests import build_requests
         from pytest_moeperf.load.runner import run_load
         from pytest_moeperf.load.serverstats import Sampler, wait_idle
-        from pytest_moeperf.spec.traces import build_requests
 
         i = len(done)
         requests = build_requests(
@@ -360,8 +360,8 @@ def measure_fixed(
     sweeps. The run's metrics are its steady-window output tok/s and p99 latencies; whether the
     SLO held is recorded, not searched for.
     """
+    from pytest_moeperf.load.requests import build_requests
     from pytest_moeperf.load.runner import run_load
-    from pytest_moeperf.spec.traces import build_requests
 
     requests = build_requests(
         spec.workload, vocab_size=vocab_size, max_model_len=spec.model.max_model_len,

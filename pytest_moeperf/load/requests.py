@@ -1,0 +1,161 @@
+"""Turn a ``WorkloadSpec`` into concrete requests: exact token-id prompts, lengths, arrival times.
+
+Prompts are random token ids (not text) so the server sees exactly the planned input length;
+everything is drawn from generators seeded by (workload.seed, seed_offset), so a baseline and a
+candidate run send identical traffic. numpy is imported inside functions: this module is
+imported by the driver at run time only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from pytest_moeperf.errors import UsageError
+from pytest_moeperf.load.records import RequestSpec
+from pytest_moeperf.spec.model import WorkloadSpec
+from pytest_moeperf.spec.traces import (
+    CHAT_MIX_V1,
+    fit_to_context,
+    lognormal_params,
+    read_replay,
+    scaled_length,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+DEFAULT_LOW_TOKEN_ID = 100  # ids below this are special in most vocabularies (pad, bos, eos...)
+_SRC = "build_requests()"
+
+
+def _allowed_ids(
+    low: int, vocab_size: int, reserved: Sequence[tuple[int, int]]
+) -> list[tuple[int, int]]:
+    """Half-open id ranges prompts may use: [low, vocab) minus the reserved ranges."""
+    segments = [(low, vocab_size)]
+    for a, b in sorted(reserved):
+        nxt: list[tuple[int, int]] = []
+        for s, e in segments:
+            if b <= s or a >= e:
+                nxt.append((s, e))
+                continue
+            if s < a:
+                nxt.append((s, a))
+            if b < e:
+                nxt.append((b, e))
+        segments = nxt
+    return segments
+
+
+def _token_ids(
+    rng: np.random.Generator, total: int, segments: list[tuple[int, int]]
+) -> npt.NDArray[np.int64]:
+    import numpy as np
+
+    sizes = np.array([e - s for s, e in segments], dtype=np.int64)
+    starts = np.array([s for s, _ in segments], dtype=np.int64)
+    bounds = np.cumsum(sizes)
+    u = rng.integers(0, int(bounds[-1]), size=total, dtype=np.int64)
+    seg = np.searchsorted(bounds, u, side="right")
+    offset_in_seg = u - (bounds[seg] - sizes[seg])
+    out: npt.NDArray[np.int64] = starts[seg] + offset_in_seg
+    return out
+
+
+def _check_args(vocab_size: int, max_model_len: int, low: int, rate: float, n: int | None) -> None:
+    if vocab_size <= low:
+        fix = "pass the model's vocab_size (from its config.json)"
+        raise UsageError(_SRC, "vocab_size", vocab_size, f"must be above low_token_id {low}", fix)
+    if max_model_len < 2:
+        fix = "pass model.max_model_len from the spec"
+        raise UsageError(_SRC, "max_model_len", max_model_len, "must be >= 2", fix)
+    if not rate > 0:
+        fix = "pass a rate > 0 requests/s (inf sends all at once)"
+        raise UsageError(_SRC, "rate", rate, "must be > 0", fix)
+    if n is not None and n < 1:
+        raise UsageError(_SRC, "n", n, "must be >= 1", "pass n >= 1 or None for the spec's count")
+
+
+def build_requests(
+    workload: WorkloadSpec,
+    *,
+    vocab_size: int,
+    max_model_len: int,
+    rate: float,
+    burstiness: float,
+    n: int | None = None,
+    seed_offset: int = 0,
+    low_token_id: int = DEFAULT_LOW_TOKEN_ID,
+    reserved_ids: Sequence[tuple[int, int]] = (),
+) -> list[RequestSpec]:
+    """The requests of one run. ``seed_offset`` gives independent runs from one spec.
+
+    ``rate`` and ``burstiness`` shape the arrivals of chat-mix-v1 and fixed traces (gamma gaps,
+    from ``load.arrivals``); a replay keeps the arrival times of its file. ``reserved_ids`` are
+    half-open ranges of token ids never placed in prompts (e.g. a model's special tokens).
+    """
+    import numpy as np
+
+    from pytest_moeperf.load.arrivals import arrival_offsets
+
+    _check_args(vocab_size, max_model_len, low_token_id, rate, n)
+    segments = _allowed_ids(low_token_id, vocab_size, reserved_ids)
+    if not segments:
+        fix = "narrow reserved_ids or lower low_token_id"
+        raise UsageError(_SRC, "reserved_ids", list(reserved_ids), "leave no usable ids", fix)
+    seq = np.random.SeedSequence([workload.seed, seed_offset])
+    len_seed, tok_seed, arr_seed = seq.spawn(3)
+    count = n if n is not None else workload.num_requests
+    arrivals: list[float]
+    if workload.trace == "replay":
+        if workload.resolved_path is None:
+            raise UsageError(_SRC, "workload.path", None, "replay needs a path", "load the spec")
+        rows = read_replay(workload.resolved_path)
+        count = len(rows) if count is None else count
+        if count > len(rows):
+            fix = f"ask for at most {len(rows)}"
+            raise UsageError(_SRC, "n", count, f"the trace has only {len(rows)} requests", fix)
+        rows = rows[:count]
+        raw_in = np.array([r.input_tokens for r in rows], dtype=np.float64)
+        raw_out = np.array([r.output_tokens for r in rows], dtype=np.float64)
+        arrivals = [r.arrival_s for r in rows]
+    else:
+        if count is None:
+            raise UsageError(_SRC, "n", None, "no request count", "set workload.num_requests")
+        raw_in, raw_out = _draw_lengths(workload, count, np.random.default_rng(len_seed))
+        arr_int = int(arr_seed.generate_state(1)[0])
+        arrivals = arrival_offsets(count, rate, burstiness, arr_int)
+    lengths = []
+    for i, o in zip(raw_in.tolist(), raw_out.tolist(), strict=True):
+        li = scaled_length(int(i), workload.scale, workload.max_input_tokens)
+        lo = scaled_length(int(o), workload.scale, workload.max_output_tokens)
+        lengths.append(fit_to_context(li, lo, max_model_len))
+    ids = _token_ids(np.random.default_rng(tok_seed), sum(li for li, _ in lengths), segments)
+    requests: list[RequestSpec] = []
+    pos = 0
+    for idx, ((li, lo), t) in enumerate(zip(lengths, arrivals, strict=True)):
+        prompt = tuple(ids[pos : pos + li].tolist())
+        pos += li
+        requests.append(RequestSpec(index=idx, arrival_s=float(t), prompt_token_ids=prompt,
+                                    max_tokens=lo))  # fmt: skip
+    return requests
+
+
+def _draw_lengths(
+    workload: WorkloadSpec, count: int, rng: np.random.Generator
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    import numpy as np
+
+    if workload.trace == "fixed":
+        assert workload.input_tokens is not None and workload.output_tokens is not None
+        return (
+            np.full(count, float(workload.input_tokens)),
+            np.full(count, float(workload.output_tokens)),
+        )
+    out = []
+    for key in ("input", "output"):
+        mu, sigma = lognormal_params(*CHAT_MIX_V1[key])
+        out.append(np.rint(rng.lognormal(mu, sigma, size=count)))
+    return out[0], out[1]
