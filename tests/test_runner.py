@@ -353,3 +353,26 @@ def test_bad_base_url() -> None:
 
 def test_empty_model() -> None:
     _bad("model", model="")
+
+
+def test_ctrl_c_mid_probe_reaps_the_requests_in_flight(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    """KeyboardInterrupt (Ctrl-C; the plugin turns SIGTERM into one) propagates, and the loop is
+    closed over no pending request: a SIGTERM mid-probe printed "Task was destroyed but it is
+    pending!" once per request in flight."""
+    import gc
+
+    url, _ = serve(delay_s=0.01)
+
+    def interrupt(done: list[RequestRecord], now_s: float) -> str | None:
+        if now_s > 0.3:
+            raise KeyboardInterrupt
+        return None
+
+    arr = [i * 0.01 for i in range(200)]
+    with pytest.raises(KeyboardInterrupt):
+        run_load(url, "m", specs(200, 40, arr), mode="poisson", should_abort=interrupt)
+    gc.collect()
+    destroyed = [r for r in caplog.records if "Task was destroyed" in r.getMessage()]
+    assert not destroyed, f"{len(destroyed)} requests left pending"

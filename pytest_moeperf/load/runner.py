@@ -8,13 +8,14 @@ all processes) relative to one ``t0`` the parent hands out, so shards merge with
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from time import perf_counter
-from typing import Literal
+from typing import Any, Literal
 
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.load.client import parse_base_url
@@ -208,6 +209,7 @@ def _run_inprocess(cfg: object, mon: _Monitor) -> tuple[float, float]:
         try:
             result.append(loop.run_until_complete(main()))
         finally:
+            _cancel_pending(loop)
             loop.close()
 
     old = quiet_gc()
@@ -235,6 +237,21 @@ def _run_inprocess(cfg: object, mon: _Monitor) -> tuple[float, float]:
     finally:
         restore_gc(old)
     return result[0], result[1]
+
+
+def _cancel_pending(loop: Any) -> None:
+    """Cancel and reap the requests still in flight (Ctrl-C or SIGTERM mid-probe), as
+    ``asyncio.run`` does: closing the loop over them printed "Task was destroyed but it is
+    pending!" once per request."""
+    import asyncio
+
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    if not pending:
+        return
+    for t in pending:
+        t.cancel()
+    with contextlib.suppress(BaseException):
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
 
 def _run_workers(cfgs: list[object], mon: _Monitor) -> tuple[float, float]:
