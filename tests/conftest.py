@@ -41,6 +41,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def embedded_model() -> Path:
     """The embedded tiny Qwen3-MoE, generated once into the user cache."""
+    pytest.importorskip("tokenizers", reason="the embedded model's tokenizer is trained with "
+                        "`tokenizers`: run `make test` (installs it)")  # fmt: skip
     from pytest_moeperf.server.embedded import ensure_embedded_model
 
     return ensure_embedded_model()

@@ -24,6 +24,8 @@ ARGS = ["--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "16"
 
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
+    pytest.importorskip("tokenizers", reason="the embedded model's tokenizer is trained with "
+                        "`tokenizers`: run `make test` (installs it)")  # fmt: skip
     return ensure_embedded_model()
 
 
