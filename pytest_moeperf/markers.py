@@ -42,7 +42,9 @@ MARKERS: dict[str, tuple[Callable[..., None], str]] = {
                           "it leases every GPU of the pool (and the node) for its whole "
                           "duration, so under xdist it runs alone; this serialises the run."),
     "moeperf_spec": (_moeperf_spec, "the workload spec (YAML) the test serves and drives; path "
-                     "relative to the test file or perf_tests/specs/."),
+                     "relative to the test file or the specs folder (--moeperf-specs-dir, "
+                     "default perf_tests/specs/); runs=N beats --moeperf-runs and the spec's "
+                     "runs:."),
     "moeperf_slo": (_moeperf_slo, "SLO gate: p99 TTFT and p99 TPOT limits in ms (and optionally "
                     "p99 end-to-end latency); overrides the spec's slo."),
     "moeperf_accuracy": (_moeperf_accuracy, "accuracy gate: task (gsm8k), few-shot count and "

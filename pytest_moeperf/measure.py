@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_moeperf import markers, options
+from pytest_moeperf import markers, settings
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.load.probe import Endpoint, MbuInputs, RunMeasurement, ServerDied
 from pytest_moeperf.record import (
@@ -61,35 +61,22 @@ class PerfTest:
 
     # -- plan ---------------------------------------------------------------------------------
     def plan(self) -> Plan:
-        from pytest_moeperf.spec.loader import load_spec
-
-        specs_dir = Path(self.config.rootpath) / "perf_tests" / "specs"
-        choice = markers.spec_choice(self.item, specs_dir)
-        if choice is None:
+        s = settings.of(self.item)  # resolved once, in preflight
+        spec = s.spec.value
+        if spec is None:
             raise UsageError(f"test {self.item.nodeid}", "marker", None,
                              "the moeperf fixture needs a workload spec",
                              "add @pytest.mark.moeperf_spec('cpu-smoke.yaml')")  # fmt: skip
-        spec = load_spec(choice.path)
-        gate = markers.slo_gate(self.item)
-        if gate is not None:
-            slo = Slo(gate.ttft_p99_ms, gate.tpot_p99_ms, gate.e2el_p99_ms)
-            slo_source = gate.source
-        else:
-            slo, slo_source = spec.slo, f"spec {choice.path}"
-        quick = bool(options.value(self.config, "moeperf_quick"))
-        runs_opt = options.value(self.config, "moeperf_runs")
-        runs = 1 if quick else int(runs_opt or choice.runs or spec.runs)
+        quick = bool(s.quick.value)
+        runs = 1 if quick else int(s.runs.value)  # quick mode: one run, whatever the source
         search = spec.search
         probe_requests = (search.probe_requests if search and search.probe_requests
                           else spec.workload.num_requests or 40)  # fmt: skip
         max_probes = search.max_probes if search else 7
         if quick:
             probe_requests, max_probes = max(10, probe_requests // 2), min(max_probes, 4)
-        moe = markers.moe_config_choice(self.item) or markers.MoeConfigChoice(
-            markers.IN_TREE, None, None, "default (in-tree)"
-        )
-        return Plan(spec, slo, slo_source, runs, quick, moe, markers.accuracy_gate(self.item),
-                    options.value(self.config, "moeperf_server_url"), probe_requests,
+        return Plan(spec, s.slo.value, s.slo.source, runs, quick, s.moe_config.value,
+                    s.accuracy.value, s.server_url.value, probe_requests,
                     max_probes)  # fmt: skip
 
     # -- the flow -----------------------------------------------------------------------------
@@ -97,7 +84,7 @@ class PerfTest:
         plan = self.plan()
         data: dict[str, Any] = {"quick": plan.quick, "config_label": plan.moe.name}
         reasons: list[str] = []
-        root = options.resolve_path(self.config, "moeperf_baseline_dir")
+        root = settings.of(self.item).baseline_dir.value
         from pytest_moeperf import pending
         from pytest_moeperf.baseline import BaselineStore, calibration
 
@@ -189,14 +176,15 @@ class PerfTest:
         if loc == EMBEDDED_NAME:
             from pytest_moeperf.server.embedded import ensure_embedded_model
 
-            return ensure_embedded_model(options.resolve_path(self.config, "moeperf_cache_dir"))
+            return ensure_embedded_model(settings.of(self.item).cache_dir.value)
         p = Path(loc)
+        models = settings.of(self.item).models_dir
         if not p.is_absolute():
-            p = Path(self.config.rootpath) / "perf_tests" / "models" / loc
+            p = models.value / loc
         if not p.is_dir():
             raise UsageError(spec.source, "model.path", spec.model.path, f"no model folder {p}",
                              "use 'embedded', a folder relative to the spec, or a name under "
-                             "perf_tests/models/")  # fmt: skip
+                             f"{models.value} (models folder: {models.source})")  # fmt: skip
         return p
 
     def _environment(self, plan: Plan, endpoint: Endpoint) -> Any:
@@ -276,7 +264,7 @@ class PerfTest:
 
         if model_dir is None or not (model_dir / "config.json").exists():
             return None
-        override = options.value(self.config, "moeperf_hbm_bandwidth")
+        override = settings.of(self.item).hbm_bandwidth.value
         override_bs = float(override) * 1e12 if override else None
         if env.accelerator == "cpu" and override_bs is None:
             return MbuInputs(
@@ -316,7 +304,7 @@ class PerfTest:
         p = plan.spec.parallelism
         energy = [e for r in data["search_runs"] for e in r["energy"]]
         source = energy[0]["method"] if energy else "not_measured"
-        override = options.value(self.config, "moeperf_hbm_bandwidth")
+        override = settings.of(self.item).hbm_bandwidth.value
         bw, _ = rated_bandwidth(env.accelerator, float(override) * 1e12 if override else None)
         quant = plan.spec.engine_arg("quantization")
         return {**env.to_dict(), "model": plan.spec.model.path, "dtype": plan.spec.model.dtype,
@@ -335,7 +323,8 @@ class PerfTest:
         from pytest_moeperf.moeconfig.folder import config_hash
         from pytest_moeperf.server.embedded import model_fingerprint
 
-        root = options.resolve_path(self.config, "moeperf_baseline_dir")
+        s = settings.of(self.item)
+        root = s.baseline_dir.value
         assert root is not None
         store = BaselineStore(root)
         folder = self._server.config.tuned_config_folder if hasattr(self, "_server") else None
@@ -366,12 +355,12 @@ class PerfTest:
             test_id,
             key,
             metrics,
-            ci_mode=bool(options.value(self.config, "moeperf_ci")),
-            allow_other_hardware=bool(options.value(self.config, "moeperf_allow_other_hardware")),
+            ci_mode=bool(s.ci.value),
+            allow_other_hardware=bool(s.allow_other_hardware.value),
             target=target,
             accuracy=accuracy,
             accuracy_gate=plan.accuracy,
-            refreshing=bool(options.value(self.config, "moeperf_refresh_baselines")),
+            refreshing=bool(s.refresh_baselines.value),
         )
         self._verdicts = outcome.verdicts
         data["verdicts"] = [v.to_dict() for v in outcome.verdicts]
@@ -382,7 +371,7 @@ class PerfTest:
         for w in outcome.warnings:
             self.session.warn(f"{test_id}: {w}")
         reasons.extend(outcome.failures)
-        refreshing = bool(options.value(self.config, "moeperf_refresh_baselines"))
+        refreshing = bool(s.refresh_baselines.value)
         if refreshing and not plan.quick and accuracy is not None and plan.accuracy is not None:
             from pytest_moeperf.accuracy.health import refresh_refusal
 
@@ -409,7 +398,7 @@ class PerfTest:
                 return
             self._candidate = (store, gates.candidate(
                 test_id, key, metrics, [r.to_dict() for r in runs], accuracy=accuracy,
-                reason=str(options.value(self.config, "moeperf_reason") or "")))  # fmt: skip
+                reason=str(s.reason.value or "")))  # fmt: skip
             data["baseline"]["status"] = "pending"
             data["baseline"]["refresh"] = "pending: written once the test body has passed"
 

@@ -2,7 +2,8 @@
 
 Modelled on pytest-timeout: one table of settings, one resolver, and every value carries the place
 it came from, so an error can say ``--moeperf-runs (command line)`` or ``moeperf_runs (ini file
-pytest.ini)`` instead of just "bad value".
+pytest.ini)`` instead of just "bad value". The per-test settings (a marker's layer, the spec
+file's layer below the ini file) are resolved once per test by ``pytest_moeperf.settings``.
 """
 
 from __future__ import annotations
@@ -42,9 +43,9 @@ class Setting:
 @dataclass(frozen=True)
 class Resolved:
     value: Any
-    source: (
-        str  # "marker @moeperf_x", "command line --flag", "env VAR", "ini key (file)", "default"
-    )
+    #: "marker @pytest.mark.X on FILE:LINE (test)", "command line --flag", "environment variable
+    #: VAR", "ini option key (file)", "spec file FILE:LINE" (per-test settings only), "default"
+    source: str
 
 
 def parse_bool(text: str) -> bool:
@@ -76,6 +77,14 @@ def parse_levels(text: str) -> str:
     if not parts or not all(p.isdigit() and int(p) >= 1 for p in parts):
         raise ValueError("expected comma-separated integers >= 1, e.g. 1,4,16,64")
     return ",".join(str(int(p)) for p in parts)
+
+
+def parse_dir(text: str) -> str:
+    """A folder path; that it exists is checked by ``resolve_dir``, which knows the rootdir."""
+    t = text.strip()
+    if not t:
+        raise ValueError("is empty; expected a folder path")
+    return t
 
 
 def parse_url(text: str) -> str:
@@ -112,6 +121,12 @@ SETTINGS: tuple[Setting, ...] = (
             "baseline's provenance).", str, "", metavar="TEXT"),
     Setting("moeperf_baseline_dir", "--moeperf-baseline-dir", "directory of baseline JSON files "
             "(default: baselines/ under the rootdir).", str, "baselines", metavar="DIR"),
+    Setting("moeperf_specs_dir", "--moeperf-specs-dir", "folder a moeperf_spec marker's bare "
+            "spec name is looked up in, after the test's own folder (default: perf_tests/specs "
+            "under the rootdir).", parse_dir, "perf_tests/specs", metavar="DIR"),
+    Setting("moeperf_models_dir", "--moeperf-models-dir", "folder of the models a spec names "
+            "bare (model.path: qwen3-30b-a3b-shape) (default: perf_tests/models under the "
+            "rootdir).", parse_dir, "perf_tests/models", metavar="DIR"),
     Setting("moeperf_server_url", "--moeperf-server-url", "use a running OpenAI-compatible server "
             "at this URL instead of starting vLLM (the MoE config is then declared, not set).",
             parse_url, None, metavar="URL"),
@@ -128,8 +143,9 @@ SETTINGS: tuple[Setting, ...] = (
             "file).", str, None, metavar="PATH"),
     Setting("moeperf_ci", "--moeperf-ci", "CI mode: a missing baseline fails the test instead of "
             "warning.", parse_bool, False, is_flag=True),
-    Setting("moeperf_runs", "--moeperf-runs", "repeated runs per config (default: the spec's "
-            "runs).", parse_positive_int, None, metavar="N"),
+    Setting("moeperf_runs", "--moeperf-runs", "repeated runs per config; a "
+            "moeperf_spec(runs=N) marker beats it, and without either the spec's runs: is used "
+            "(else 3).", parse_positive_int, None, metavar="N"),
     Setting("moeperf_startup_timeout", "--moeperf-startup-timeout", "seconds to wait for the "
             "server's /health.", parse_positive_float, 900.0, metavar="S"),
     Setting("moeperf_hbm_bandwidth", "--moeperf-hbm-bandwidth", "rated HBM bandwidth in TB/s "
@@ -193,11 +209,17 @@ def _parse(setting: Setting, raw: object, source: str) -> Resolved:
 
 
 def resolve(config: pytest.Config, name: str, marker_value: object = None,
-            marker_name: str | None = None) -> Resolved:  # fmt: skip
-    """Resolve a setting: marker > command line > environment > ini file > default."""
+            marker_name: str | None = None,
+            marker_source: str | None = None) -> Resolved:  # fmt: skip
+    """Resolve a setting: marker > command line > environment > ini file > default.
+
+    ``marker_source`` (``markers.where``: the marker, its file and line) names a marker's value;
+    without it the source is ``marker @pytest.mark.<marker_name>``.
+    """
     setting = BY_NAME[name]
     if marker_value is not None:
-        return _parse(setting, marker_value, f"marker @pytest.mark.{marker_name}")
+        return _parse(setting, marker_value,
+                      marker_source or f"marker @pytest.mark.{marker_name}")  # fmt: skip
     cli = config.getoption(setting.name, default=None)
     if cli is not None and cli is not False:
         return _parse(setting, cli, f"command line {setting.flag}")
@@ -215,10 +237,31 @@ def value(config: pytest.Config, name: str) -> Any:
     return resolve(config, name).value
 
 
+def rooted(config: pytest.Config, raw: object) -> Path:
+    """``raw`` as an absolute path: ``~`` expanded, a relative path taken from the rootdir."""
+    p = Path(os.path.expanduser(str(raw)))
+    return p if p.is_absolute() else Path(config.rootpath) / p
+
+
 def resolve_path(config: pytest.Config, name: str) -> Path | None:
     """A path setting, relative paths taken from the rootdir (so CI and laptops agree)."""
     raw = value(config, name)
-    if raw is None:
-        return None
-    p = Path(os.path.expanduser(str(raw)))
-    return p if p.is_absolute() else Path(config.rootpath) / p
+    return None if raw is None else rooted(config, raw)
+
+
+def resolve_dir(config: pytest.Config, name: str) -> Resolved:
+    """A folder setting as an absolute path, with its source. A folder someone set (command line,
+    environment, ini file) must exist; the default need not (a project without perf_tests/)."""
+    setting = BY_NAME[name]
+    got = resolve(config, name)
+    path = rooted(config, got.value)
+    if got.source != "default" and not path.is_dir():
+        problem = "is not a folder" if path.exists() else "no such folder"
+        knob = (setting.flag if got.source.startswith("command line")
+                else setting.env if got.source.startswith("environment")
+                else setting.ini)  # fmt: skip
+        raise UsageError(got.source, setting.name, got.value, f"{problem} ({path})",
+                         f"point {knob} at an existing folder (a relative path is taken from the "
+                         f"rootdir {config.rootpath}), or unset it for the default "
+                         f"{setting.default}")  # fmt: skip
+    return Resolved(path, got.source)

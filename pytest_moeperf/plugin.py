@@ -214,9 +214,10 @@ def moeperf_server_factory(
 
     Each server leases its GPUs (tensor x pipeline x data, from its flags) from the pool.
     """
+    from pytest_moeperf import settings
     from pytest_moeperf.server.fixture import ServerFactory
 
-    timeout = options.value(request.config, "moeperf_startup_timeout")
+    timeout = settings.of(request.node).startup_timeout.value  # stashed by preflight
     factory = ServerFactory(tmp_path, startup_timeout_s=float(timeout),
                             gpu_pool=moeperf_gpus.pool, owner=request.node.nodeid)  # fmt: skip
     try:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_moeperf import markers, options
+from pytest_moeperf import markers, options, settings
 from pytest_moeperf.errors import UsageError
 
 if TYPE_CHECKING:
@@ -25,39 +25,42 @@ if TYPE_CHECKING:
 SERVER_FIXTURES = ("moeperf", "moeperf_ab", "moeperf_server_factory")
 
 
-def specs_dir(config: pytest.Config) -> Path:
-    return Path(config.rootpath) / "perf_tests" / "specs"
-
-
 def check_item(item: pytest.Item) -> None:
-    """Raise the first bad input of ``item`` as a UsageError; return quietly if all is well."""
+    """Raise the first bad input of ``item`` as a UsageError; return quietly if all is well.
+
+    A test that starts servers gets its settings resolved once here (``settings``: marker >
+    command line > environment > ini file > spec file > default) and kept in ``item.stash``,
+    where the flow modules read them.
+    """
     markers.slo_gate(item)
     markers.accuracy_gate(item)
     markers.exclusive(item)
     _check_moe_config(item)
-    choice = spec = None
-    if item.get_closest_marker("moeperf_spec") is not None:
-        choice = markers.spec_choice(item, specs_dir(item.config))
-    if choice is not None:
-        from pytest_moeperf.spec.loader import load_spec
-
-        spec = load_spec(choice.path)
     names = getattr(item, "fixturenames", ())
     if not any(f in names for f in SERVER_FIXTURES):
+        if item.get_closest_marker("moeperf_spec") is not None:  # a helper test reads it too
+            specs_dir = options.resolve_dir(item.config, "moeperf_specs_dir").value
+            choice = markers.spec_choice(item, specs_dir)
+            if choice is not None:
+                from pytest_moeperf.spec.loader import load_spec
+
+                load_spec(choice.path)
         return
-    for setting in options.SETTINGS:
+    resolved = item.stash[settings.SETTINGS_KEY] = settings.resolve_item_settings(item)
+    for setting in options.SETTINGS:  # session-wide ones, and values a marker shadows here
         options.resolve(item.config, setting.name)
+    spec = resolved.spec.value
     if spec is not None and spec.engine_args:
-        _check_engine_args(item, spec)
+        _check_engine_args(item, spec, resolved.cache_dir.value)
     if "moeperf" in names:
-        check_baselines(item.config, item.nodeid)
+        check_baselines(resolved.baseline_dir.value, item.nodeid)
 
 
-def _check_engine_args(item: pytest.Item, spec: Spec) -> None:
+def _check_engine_args(item: pytest.Item, spec: Spec, cache_dir: Path | None) -> None:
     """engine_args against vLLM's own parser; where vLLM is not here, the result says so."""
     from pytest_moeperf.spec.vllm_flags import check_engine_args, server_flags
 
-    known = server_flags(options.resolve_path(item.config, "moeperf_cache_dir"))
+    known = server_flags(cache_dir)
     if known.flags is None:
         item.user_properties.append(("moeperf.engine_args_check", known.note))
         from pytest_moeperf.plugin import SESSION_KEY
@@ -85,11 +88,10 @@ def _check_moe_config(item: pytest.Item) -> None:
                          e.fix) from None  # fmt: skip
 
 
-def check_baselines(config: pytest.Config, test_id: str) -> None:
+def check_baselines(root: Path | None, test_id: str) -> None:
     """Read every baseline file of this test: a truncated, too new or misplaced one fails now."""
     from pytest_moeperf.baseline.storage import BaselineStore, read_baseline_file
 
-    root = options.resolve_path(config, "moeperf_baseline_dir")
     if root is None:
         return
     store = BaselineStore(root)
