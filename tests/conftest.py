@@ -12,9 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy  # noqa: F401  (see below)
 import pytest
 
 from pytest_moeperf.server.process import VllmServer
+
+# numpy is imported here, before any pytester run: an in-process run (``runpytest``) removes the
+# modules it imported when it ends, and numpy imported a second time breaks (``_CopyMode.IF_NEEDED
+# is neither True nor False`` in the next run's array code). Run alone, a test with two inline
+# runs failed so; in the full suite an earlier module had imported numpy.
 
 #: Engine arguments of the shared server: eager mode (no torch.compile) starts fastest. 4,096
 #: tokens of context because gsm8k 5-shot prompts are up to 3,149 tokens with the embedded
