@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_moeperf import options
+from pytest_moeperf import settings
 from pytest_moeperf.ab.cases import AbCase, AbSide, describe
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.load.probe import Endpoint, RunMeasurement, ServerDied
@@ -113,8 +113,9 @@ class AbTest(PerfTest):
         from pytest_moeperf.ab.interleave import run_interleaved
 
         pairs = self._pairs(plan)  # options are resolved (and refused) before any server starts
-        levels = _levels(options.value(self.config, "moeperf_sweep"))
-        control = bool(options.value(self.config, "moeperf_ab_control"))
+        stash = settings.of(self.item)
+        levels = _levels(stash.sweep.value)
+        control = bool(stash.ab_control.value)
         model_dir = self._model_dir(plan.spec)
         p = plan.spec.parallelism
         quant = plan.spec.engine_arg("quantization")
@@ -198,7 +199,7 @@ class AbTest(PerfTest):
         return SideState(side, server, self.factory.checks[-1].message)
 
     def _pairs(self, plan: Plan) -> int:
-        got = options.resolve(self.config, "moeperf_ab_pairs")
+        got = settings.of(self.item).ab_pairs
         pairs = int(got.value) if got.value is not None else max(MIN_PAIRS, plan.runs)
         if plan.quick and got.value is None:
             pairs = MIN_PAIRS
