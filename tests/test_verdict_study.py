@@ -200,7 +200,7 @@ def test_projected_detection_grows_with_the_injected_fraction() -> None:
     rng = random.Random(5)
     sessions = [noisy(f"u{i}", 4, rng, cv=0.01) for i in range(2)]
     pairs = vs.aa_pairs(sessions, 3, limit=32)
-    curve = dict(vs.projected_any(pairs, {GOODPUT: -1.0, TTFT: 1.0}, grid=(0.0, 0.3)))
+    curve = dict(vs.projected_any(pairs, grid=(0.0, 0.3)))
     assert curve[0.0] <= 0.1 and curve[0.3] == 1.0
 
 
@@ -214,8 +214,18 @@ def test_band_width_is_the_verdicts_own() -> None:
     m = sum(logs) / 3
     sb = math.sqrt(sum((x - m) ** 2 for x in logs) / 2)
     half = float(stdtrit(2, 0.99)) * sb * math.sqrt(2 / 3)
-    assert w is not None and w["median"] == pytest.approx(math.expm1(half))
+    assert w is not None and w["median"] == pytest.approx(-math.expm1(-half))  # the lower edge
     assert vs.run_cv([s], GOODPUT) == pytest.approx(sb)
+
+
+def test_runs_for_is_the_verdicts_own_advice() -> None:
+    from pytest_moeperf.verdict import runs_needed
+
+    got = vs.runs_for(0.015)
+    assert got is not None and set(got) == {"0.03", "0.05", "0.1"}
+    assert got["0.03"] == runs_needed(0.015, math.log1p(0.03), alpha=0.01, power=0.95)
+    assert got["0.03"] > got["0.05"] > got["0.1"]
+    assert vs.runs_for(None) is None
 
 
 # -- reading results and records ------------------------------------------------------------
