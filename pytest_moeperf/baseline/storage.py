@@ -214,17 +214,18 @@ def _check_metrics(metrics: object, source: str) -> dict[str, list[float]]:
         raise UsageError(source, "metrics", metrics, "must be an object", _RERECORD)
     out: dict[str, list[float]] = {}
     for name, values in metrics.items():
+        field = f"metrics.{name if str(name).isprintable() else repr(name)}"  # one line
         ok = isinstance(values, list) and all(_finite_number(v) for v in values)
         if not ok:
             raise UsageError(
                 source,
-                f"metrics.{name if str(name).isprintable() else repr(name)}",  # one line
+                field,
                 values,
                 "must be a list of finite numbers (one per run)",
                 _RERECORD,
             )
         if not values:  # the gate skips a metric without runs: the file would gate nothing
-            raise UsageError(source, f"metrics.{name}", values,
+            raise UsageError(source, field, values,
                              "has no runs, so this metric would not be gated",
                              _RERECORD)  # fmt: skip
         out[str(name)] = [float(v) for v in values]
