@@ -67,6 +67,8 @@ from datetime import date
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from verdict_study_helpers.step_delay import plugin_dir  # type: ignore[import-not-found]
+
 if TYPE_CHECKING:
     from pytest_moeperf.load.records import RequestRecord
     from pytest_moeperf.spec.model import Spec
@@ -78,8 +80,6 @@ TEST = "perf_tests/test_embedded.py"
 SPEC = ROOT / "perf_tests" / "specs" / "cpu-smoke.yaml"
 LOCK = Path("/tmp/moeperf-vllm.lock")
 DEFAULT_OUT = ROOT / "moeperf-results" / "verdict-study"
-PLUGIN_DIST = "moeperf_step_delay-0.1.dist-info"
-ENTRY_POINT = "moeperf_step_delay = verdict_study_helpers.step_delay:register"
 SIZES = (0.03, 0.05, 0.10)
 #: How the step delay is paid: "spin" busy-waits, so the model runner keeps its core as a
 #: slower kernel would; "sleep" gives the core away (on 2 cores that lets the API server stream
@@ -129,18 +129,6 @@ def smoke_plan() -> list[Batch]:
 
 
 # -- running a batch --------------------------------------------------------------------------
-def plugin_dir(root: Path) -> Path:
-    """A folder whose ``*.dist-info`` declares the step-delay plugin to vLLM (no pip install:
-    importlib.metadata finds dist-info folders on sys.path)."""
-    dist = root / PLUGIN_DIST
-    dist.mkdir(parents=True, exist_ok=True)
-    (dist / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: moeperf-step-delay\nVersion: 0.1\n"
-    )
-    (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{ENTRY_POINT}\n")
-    return root
-
-
 def batch_env(
     plugins: Path,
     fraction: float | None,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,16 +56,14 @@ STEP_DELAY = "spin:3"  # every model step takes 4x its compute (see the module d
 def step_delay_path(root: Path) -> str:
     """PYTHONPATH on which vLLM finds the step-delay plugin: its module, and a dist-info that
     declares it as a ``vllm.general_plugins`` entry point (nothing installed)."""
-    dist = root / "moeperf_step_delay-0.1.dist-info"
-    dist.mkdir(parents=True)
-    (dist / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: moeperf-step-delay\nVersion: 0.1\n"
-    )
-    (dist / "entry_points.txt").write_text(
-        "[vllm.general_plugins]\nmoeperf_step_delay = verdict_study_helpers.step_delay:register\n"
-    )
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from verdict_study_helpers.step_delay import plugin_dir  # type: ignore[import-not-found]
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    plugins = plugin_dir(root)
     return os.pathsep.join(
-        p for p in (str(BENCHMARKS), str(root), os.environ.get("PYTHONPATH")) if p
+        p for p in (str(BENCHMARKS), str(plugins), os.environ.get("PYTHONPATH")) if p
     )
 
 

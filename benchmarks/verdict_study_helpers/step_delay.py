@@ -208,6 +208,24 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+#: The dist-info that declares this plugin to vLLM, and its entry point.
+PLUGIN_DIST = "moeperf_step_delay-0.1.dist-info"
+ENTRY_POINT = "moeperf_step_delay = verdict_study_helpers.step_delay:register"
+
+
+def plugin_dir(root: Path) -> Path:
+    """A folder whose ``*.dist-info`` declares this plugin to vLLM (no pip install:
+    importlib.metadata finds dist-info folders on sys.path). Put it and the folder holding
+    ``verdict_study_helpers`` on the server's PYTHONPATH."""
+    dist = root / PLUGIN_DIST
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: moeperf-step-delay\nVersion: 0.1\n"
+    )
+    (dist / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{ENTRY_POINT}\n")
+    return root
+
+
 def register() -> None:
     """The entry point vLLM calls in each process (possibly more than once)."""
     mode, fraction = parse_delay(os.environ.get(FRACTION_ENV))
