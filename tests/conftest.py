@@ -34,14 +34,42 @@ CPU_SERVER_ARGS = [
 REAL_SERVER_FIXTURES = frozenset({"cpu_server", "embedded_model"})
 
 
+def _uses_shared_server(item: pytest.Item) -> bool:
+    return "cpu_server" in set(getattr(item, "fixturenames", ()))
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark real-server tests, by fixture or by a module's ``REAL_SERVER = True`` (pytester runs
-    that start their own server), so that ``pytest -m "not real_server"`` is the fast loop."""
+    that start their own server), so that ``pytest -m "not real_server"`` is the fast loop.
+
+    Modules that use the shared server run first (each module stays whole, order otherwise
+    kept) and the server stops after the last of them: an idle vLLM left running made the
+    measuring tests after it warn "noisy machine: 1 inference server(s) not started by this
+    session" and shared the 2 cores' memory with them (CI, 2026-12-04)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
         module = getattr(item, "module", None)
         if names & REAL_SERVER_FIXTURES or getattr(module, "REAL_SERVER", False):
             item.add_marker(pytest.mark.real_server)
+    users = {item.path for item in items if _uses_shared_server(item)}
+    items.sort(key=lambda item: item.path not in users)  # stable: module order is kept
+    _SHARED.last_user = next((i for i in reversed(items) if _uses_shared_server(i)), None)
+
+
+class _Shared:
+    """The shared server's factory and the last test that uses it (stopped after that one)."""
+
+    factory: Any = None
+    last_user: pytest.Item | None = None
+
+
+_SHARED = _Shared()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    if item is _SHARED.last_user and nextitem is not None and _SHARED.factory is not None:
+        _SHARED.factory.stop_all()  # the session fixture's own teardown then finds it stopped
 
 
 @pytest.fixture(scope="session")
@@ -63,6 +91,7 @@ def cpu_server(
     from pytest_moeperf.server.fixture import ServerFactory
 
     factory = ServerFactory(tmp_path_factory.mktemp("shared-cpu-server"), startup_timeout_s=600)
+    _SHARED.factory = factory
     try:
         yield factory(embedded_model, CPU_SERVER_ARGS, name="shared")
     finally:
