@@ -31,7 +31,7 @@ engine_args: {max-num-seqs: 16, enforce-eager: true}
 workload: {trace: fixed, num_requests: 8, seed: 0, input_tokens: 32, output_tokens: 8}
 arrival: {process: poisson, rate: 2.0}
 slo: {ttft_p99_ms: 20000, tpot_p99_ms: 2000}
-search: {rate_min: 2.0, rate_max: 4.0, tolerance: 0.1, max_probes: 2, probe_requests: 8}
+search: {rate_min: 8.0, rate_max: 16.0, tolerance: 0.1, max_probes: 2, probe_requests: 32}
 runs: 1
 """
 

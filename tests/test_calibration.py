@@ -227,7 +227,7 @@ model: {path: embedded, dtype: bfloat16, max_model_len: 1024}
 workload: {trace: fixed, num_requests: 20, seed: 0, input_tokens: 16, output_tokens: 8}
 arrival: {process: poisson, rate: 2.0}
 slo: {ttft_p99_ms: 2000, tpot_p99_ms: 200}
-search: {rate_min: 4.0, rate_max: 8.0, tolerance: 0.4, max_probes: 2, probe_requests: 10,
+search: {rate_min: 20.0, rate_max: 40.0, tolerance: 0.4, max_probes: 2, probe_requests: 40,
          probe_duration_s: 0.5}
 runs: 1
 """

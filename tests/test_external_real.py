@@ -23,7 +23,7 @@ model: {path: embedded, dtype: bfloat16, max_model_len: 1024}
 workload: {trace: fixed, num_requests: 16, seed: 0, input_tokens: 64, output_tokens: 16}
 arrival: {process: poisson, rate: 2.0}
 slo: {ttft_p99_ms: 3000, tpot_p99_ms: 300}
-search: {rate_min: 2.0, rate_max: 4.0, tolerance: 0.25, max_probes: 3, probe_requests: 16}
+search: {rate_min: 8.0, rate_max: 16.0, tolerance: 0.25, max_probes: 3, probe_requests: 32}
 runs: 1
 """
 
