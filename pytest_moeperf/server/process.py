@@ -183,6 +183,11 @@ class VllmServer:
             os.killpg(pgid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
+        # SIGKILL is delivered at once but a member exits when it is next scheduled: on a busy
+        # 2-core machine a killed member was still listed right after (tests, xdist)
+        deadline = time.monotonic() + 5.0
+        while group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
     def __enter__(self) -> VllmServer:
         return self.start()
