@@ -474,7 +474,7 @@ def check_injection(
     """
     from pytest_moeperf.load.records import RequestSpec
     from pytest_moeperf.load.runner import run_load
-    from pytest_moeperf.record import vocab_size
+    from pytest_moeperf.run.record import vocab_size
     from pytest_moeperf.server.embedded import ensure_embedded_model
     from pytest_moeperf.server.fixture import ServerFactory
     from pytest_moeperf.spec.loader import load_spec
@@ -910,8 +910,8 @@ def pseudo_metrics(
     """One pseudo-run of a boundary probe: its requests drawn again with replacement (send
     times kept, so the steady-state window is rebuilt from them) and summarized as the plugin
     summarizes a probe. Returns the per-request metrics; the boundary rate is not resampled."""
-    from pytest_moeperf.load.probe import summarize_steady
     from pytest_moeperf.load.records import RunRecord
+    from pytest_moeperf.run.probe import summarize_steady
 
     draw = sorted((rng.choice(records) for _ in records), key=lambda r: r.send_s)
     run = RunRecord("poisson", 0.0, 1.0, 0, 0.0, list(draw), 0.0)
@@ -928,8 +928,8 @@ def pseudo_metrics(
 def reproduce(run: RunData, spec: Spec) -> float | None:
     """Largest relative difference between the run's recorded metrics and the plugin's summary
     of its captured boundary probe (0: the records are the ones the metrics came from)."""
-    from pytest_moeperf.load.probe import summarize_steady
     from pytest_moeperf.load.records import RunRecord
+    from pytest_moeperf.run.probe import summarize_steady
 
     if not run.boundary_records:
         return None

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from pytest_moeperf.ab.cases import AbCase
     from pytest_moeperf.ab.gate import AbTest
     from pytest_moeperf.gpupool import GpuPool, TestGpus
-    from pytest_moeperf.measure import PerfTest
+    from pytest_moeperf.run.measure import PerfTest
     from pytest_moeperf.server.fixture import ServerFactory
 
 SESSION_KEY = pytest.StashKey[MoePerfSession]()
@@ -239,7 +239,7 @@ def moeperf(
     request: pytest.FixtureRequest, moeperf_server_factory: ServerFactory, tmp_path: Path
 ) -> PerfTest:
     """The perf test driver: ``result = moeperf.run()`` measures the spec and applies the gates."""
-    from pytest_moeperf.measure import PerfTest
+    from pytest_moeperf.run.measure import PerfTest
 
     item = request.node
     assert isinstance(item, pytest.Item)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from pytest_moeperf.load import probe
-from pytest_moeperf.load.driver import SWITCH_SETTLE_S, RunDriver
 from pytest_moeperf.metrics.energy import NotMeasuredMeter
+from pytest_moeperf.run import probe
+from pytest_moeperf.run.driver import SWITCH_SETTLE_S, RunDriver
 from pytest_moeperf.spec.loader import load_spec
 
 SPEC = Path(__file__).parents[1] / "perf_tests" / "specs" / "cpu-smoke.yaml"
@@ -165,7 +165,7 @@ slo: {ttft_p99_ms: 1000, tpot_p99_ms: 100}
 
 
 def test_cpu_warm_up_is_one_level_the_spec_own_or_eight() -> None:
-    from pytest_moeperf.load.driver import warm_levels
+    from pytest_moeperf.run.driver import warm_levels
 
     poisson = _spec("arrival: {process: poisson, rate: 2}\n")
     fixed = _spec("arrival: {process: concurrency, concurrency: 24}\n")
@@ -174,7 +174,7 @@ def test_cpu_warm_up_is_one_level_the_spec_own_or_eight() -> None:
 
 
 def test_gpu_warm_up_climbs_powers_of_two_to_the_cap_and_the_spec_level() -> None:
-    from pytest_moeperf.load.driver import WARM_MAX_BATCH, warm_levels
+    from pytest_moeperf.run.driver import WARM_MAX_BATCH, warm_levels
 
     poisson = _spec("arrival: {process: poisson, rate: 2}\n")
     assert warm_levels(poisson, gpu=True) == (1, 2, 4, 8, 16, 32, 64)
@@ -190,7 +190,7 @@ def test_gpu_warm_up_climbs_powers_of_two_to_the_cap_and_the_spec_level() -> Non
 def test_warm_up_runs_each_level_unmeasured_and_says_so(monkeypatch: pytest.MonkeyPatch,
                                                         serve: Any) -> None:  # fmt: skip
     """On a GPU the ladder ends with real Poisson load at the first rate (its own requests)."""
-    from pytest_moeperf.load import driver
+    from pytest_moeperf.run import driver
 
     monkeypatch.setattr(driver, "WARM_OPEN_LOOP_S", 1.5)
     url, srv = serve(delay_s=0.001)
@@ -227,7 +227,7 @@ def test_a_warm_up_where_every_request_failed_stops_with_the_servers_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A server answering HTTP 500 must not read as "warmed up" then "SLO not met"."""
-    from pytest_moeperf.load.driver import WarmUpFailed
+    from pytest_moeperf.run.driver import WarmUpFailed
 
     fixed = {"n_ok": 0, "failed_by_status": {"http_error": 4},
              "first_error": "http_error HTTP 500: boom"}  # fmt: skip

@@ -17,7 +17,6 @@ import pytest
 from sse_helpers import sse
 from test_energy import FakeNvml
 
-from pytest_moeperf.load.probe import Endpoint, RunMeasurement, measure_run
 from pytest_moeperf.metrics.energy import (
     METHOD_NOT_MEASURED,
     EnergyMeter,
@@ -25,7 +24,8 @@ from pytest_moeperf.metrics.energy import (
     NvmlEnergyMeter,
     make_default_meter,
 )
-from pytest_moeperf.record import metric_entry
+from pytest_moeperf.run.probe import Endpoint, RunMeasurement, measure_run
+from pytest_moeperf.run.record import metric_entry
 from pytest_moeperf.spec.loader import load_spec
 
 SPEC = """\

@@ -15,8 +15,8 @@ from sse_helpers import Serve
 
 from pytest_moeperf.load.records import RequestSpec
 from pytest_moeperf.load.runner import run_load
-from pytest_moeperf.load.search import ProbeResult
 from pytest_moeperf.metrics.summary import failed_text, summarize
+from pytest_moeperf.run.search import ProbeResult
 from pytest_moeperf.server.process import VllmServer
 from pytest_moeperf.spec.model import Slo
 

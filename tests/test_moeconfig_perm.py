@@ -12,6 +12,13 @@ from typing import Any
 
 import pytest
 
+from pytest_moeperf.ab.perm_report import (
+    HEADERS,
+    check_numerics,
+    numerics_tolerance,
+    perm_rows,
+    perm_table,
+)
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.moeconfig.perm import (
     MIN_EFFECT,
@@ -22,13 +29,6 @@ from pytest_moeperf.moeconfig.perm import (
     serving_key,
 )
 from pytest_moeperf.moeconfig.perm_merge import best_of_both, predicted_gain
-from pytest_moeperf.moeconfig.perm_report import (
-    HEADERS,
-    check_numerics,
-    numerics_tolerance,
-    perm_rows,
-    perm_table,
-)
 
 # The key grid of vLLM's E=128,N=768,device_name=NVIDIA_H200.json (and most tuned files).
 GRID = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]

@@ -14,7 +14,8 @@ import pytest
 
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.load.records import RequestRecord, RunRecord
-from pytest_moeperf.load.search import (
+from pytest_moeperf.metrics.summary import summarize
+from pytest_moeperf.run.search import (
     AbortCheck,
     AbortPolicy,
     ProbeResult,
@@ -24,7 +25,6 @@ from pytest_moeperf.load.search import (
     model_estimate,
     search_slo_boundary,
 )
-from pytest_moeperf.metrics.summary import summarize
 from pytest_moeperf.spec.model import Slo
 
 SLO = Slo(ttft_p99_ms=2000.0, tpot_p99_ms=50.0)

@@ -42,10 +42,10 @@ BENCH_SHIM = (
 
 
 def plugin_run(spec, url: str, model: str, rate: float, seconds: float, vocab: int, seed: int):  # type: ignore[no-untyped-def]
-    from pytest_moeperf.load.probe import steady_check, summarize_steady
     from pytest_moeperf.load.requests import build_requests
     from pytest_moeperf.load.runner import run_load
     from pytest_moeperf.load.serverstats import Sampler, wait_idle
+    from pytest_moeperf.run.probe import steady_check, summarize_steady
 
     idle = wait_idle(url)
     reqs = build_requests(
@@ -183,11 +183,11 @@ def main() -> None:
     ap.add_argument("--bench-seconds", type=float, default=90)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    from pytest_moeperf.load.driver import RunDriver, warm_levels
-    from pytest_moeperf.load.probe import Endpoint
     from pytest_moeperf.metrics.energy import NotMeasuredMeter
     from pytest_moeperf.metrics.hardware import visible_gpus
-    from pytest_moeperf.record import vocab_size
+    from pytest_moeperf.run.driver import RunDriver, warm_levels
+    from pytest_moeperf.run.probe import Endpoint
+    from pytest_moeperf.run.record import vocab_size
     from pytest_moeperf.server.embedded import EMBEDDED_NAME, ensure_embedded_model
     from pytest_moeperf.server.fixture import ServerFactory
     from pytest_moeperf.spec.loader import load_spec

@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_moeperf.load.probe import MbuInputs, decode_mbu
 from pytest_moeperf.metrics.mbu import load_model_shape, step_dtypes
+from pytest_moeperf.run.probe import MbuInputs, decode_mbu
 from pytest_moeperf.spec.loader import load_spec
 
 

@@ -18,9 +18,9 @@ import pytest
 from pytest_moeperf import settings
 from pytest_moeperf.ab.cases import AbCase, AbSide, describe
 from pytest_moeperf.errors import UsageError
-from pytest_moeperf.load.probe import Endpoint, RunMeasurement, ServerDied
-from pytest_moeperf.measure import PerfTest, Plan
-from pytest_moeperf.record import collect_metrics, metric_entry, spec_summary
+from pytest_moeperf.run.measure import PerfTest, Plan
+from pytest_moeperf.run.probe import Endpoint, RunMeasurement, ServerDied
+from pytest_moeperf.run.record import collect_metrics, metric_entry, spec_summary
 from pytest_moeperf.server.process import VllmServer
 from pytest_moeperf.session import PerfResult
 

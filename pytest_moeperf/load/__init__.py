@@ -1,1 +1,1 @@
-"""Traffic: request records, arrival schedules, the streaming client and the SLO search."""
+"""Traffic: request records, arrivals, the streaming client, server stats, the steady-state test."""

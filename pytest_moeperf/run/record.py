@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_moeperf.load.probe import RunMeasurement
+from pytest_moeperf.run.probe import RunMeasurement
 
 if TYPE_CHECKING:
-    from pytest_moeperf.measure import Plan
+    from pytest_moeperf.run.measure import Plan
     from pytest_moeperf.verdict import Verdict
 
 METRIC_UNITS = {"slo_goodput_tok_s": "tok/s", "slo_rate_rps": "req/s", "output_tok_s": "tok/s",

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_moeperf.errors import MoePerfError
-from pytest_moeperf.load.probe import Endpoint, MbuInputs, RunMeasurement
 from pytest_moeperf.metrics.energy import EnergyMeter, NotMeasuredMeter
+from pytest_moeperf.run.probe import Endpoint, MbuInputs, RunMeasurement
 from pytest_moeperf.spec.model import Slo, Spec
 
 #: A search run starts at the previous run's boundary on the same server, aims next at the
@@ -85,7 +85,7 @@ class RunDriver:
     def warm_up(self, endpoint: Endpoint, label: str) -> None:
         """Unmeasured closed-loop load on a fresh server: the first batches pay for Triton JIT
         compiles and cold caches (a first run on an H200 came out half as fast as the next)."""
-        from pytest_moeperf.load.probe import measure_fixed
+        from pytest_moeperf.run.probe import measure_fixed
 
         levels = self.warm or warm_levels(self.spec, gpu=False)
         self._settle(endpoint)
@@ -149,7 +149,7 @@ class RunDriver:
     def _run(
         self, endpoint: Endpoint, index: int, label: str, concurrency: int | None
     ) -> RunMeasurement:
-        from pytest_moeperf.load.probe import measure_fixed
+        from pytest_moeperf.run.probe import measure_fixed
 
         level = concurrency or self.fixed_concurrency
         if level is not None:
@@ -186,8 +186,8 @@ class RunDriver:
         self, endpoint: Endpoint, index: int, label: str, start: float,
         hint_hi: float | None = None, span: float | None = None,
     ) -> RunMeasurement:  # fmt: skip
-        from pytest_moeperf.load.probe import measure_run
         from pytest_moeperf.metrics.summary import failed_text
+        from pytest_moeperf.run.probe import measure_run
 
         def progress(k: int, rate: float, res: Any) -> None:
             s = res.summary

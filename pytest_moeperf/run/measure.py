@@ -16,8 +16,8 @@ import pytest
 
 from pytest_moeperf import markers, settings
 from pytest_moeperf.errors import UsageError
-from pytest_moeperf.load.probe import Endpoint, MbuInputs, RunMeasurement, ServerDied
-from pytest_moeperf.record import (
+from pytest_moeperf.run.probe import Endpoint, MbuInputs, RunMeasurement, ServerDied
+from pytest_moeperf.run.record import (
     collect_metrics,
     metric_entry,
     result_table,
@@ -31,7 +31,7 @@ from pytest_moeperf.session import MoePerfSession, PerfResult
 from pytest_moeperf.spec.model import Slo, Spec
 
 if TYPE_CHECKING:
-    from pytest_moeperf.load.driver import RunDriver
+    from pytest_moeperf.run.driver import RunDriver
 
 
 @dataclass(frozen=True)
@@ -216,8 +216,8 @@ class PerfTest:
 
     def driver(self, plan: Plan, model_dir: Path | None, env: Any) -> RunDriver:
         """The run driver: meter (hook or NVML), prompt vocabulary, MBU inputs, progress."""
-        from pytest_moeperf.load.driver import RunDriver, warm_levels
         from pytest_moeperf.metrics.energy import make_default_meter
+        from pytest_moeperf.run.driver import RunDriver, warm_levels
 
         meter = self.config.hook.pytest_moeperf_energy_meter(
             config=self.config, device_indices=list(env.gpu_indices)

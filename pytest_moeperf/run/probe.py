@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_moeperf.errors import MoePerfError, UsageError
 from pytest_moeperf.load.records import RequestRecord, RunRecord
-from pytest_moeperf.load.search import AbortCheck, AbortPolicy, ProbeResult, SearchResult
 from pytest_moeperf.metrics.energy import EnergyMeter, EnergyReading
+from pytest_moeperf.run.search import AbortCheck, AbortPolicy, ProbeResult, SearchResult
 from pytest_moeperf.spec.model import Slo, Spec
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def measure_run(
     ``min_span_s`` an earlier run's probe length. A probe too short to judge a steady state is
     run again, longer, at the same rate (``MAX_EXTENSIONS`` times at most).
     """
-    from pytest_moeperf.load.search import search_slo_boundary
+    from pytest_moeperf.run.search import search_slo_boundary
 
     energy: list[dict[str, Any]] = []
     readings: dict[float, tuple[EnergyReading, RunRecord]] = {}
