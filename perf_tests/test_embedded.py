@@ -14,6 +14,6 @@ import pytest
 def test_embedded_slo_goodput(moeperf) -> None:  # type: ignore[no-untyped-def]
     """SLO goodput of the CPU server; the CPU backend reads no MoE configs (recorded)."""
     result = moeperf.run()
-    goodput = result.data["metrics"]["slo_goodput_tok_s"]["center"]
+    goodput = result.metrics.slo_goodput_tok_s.center
     assert goodput is not None and goodput > 0
-    assert "ignores MoE configs" in result.data["moe_config"]["check"]
+    assert "ignores MoE configs" in result.moe_config.check

@@ -14,7 +14,7 @@ import pytest
 def test_h200_chat_mix_in_tree(moeperf) -> None:  # type: ignore[no-untyped-def]
     """Nightly: chat-mix-v1 SLO goodput, tok/J and MBU with vLLM's in-tree H200 config."""
     result = moeperf.run()
-    assert result.data["metrics"]["slo_goodput_tok_s"]["center"] is not None
+    assert result.metrics.slo_goodput_tok_s.center is not None
 
 
 @pytest.mark.moeperf_gpu
@@ -23,10 +23,10 @@ def test_h200_chat_mix_in_tree(moeperf) -> None:  # type: ignore[no-untyped-def]
 def test_h200_fixed_in_tree(moeperf) -> None:  # type: ignore[no-untyped-def]
     """Short run (one device call): fixed 1024/128 requests, energy and MBU through NVML."""
     result = moeperf.run()
-    metrics = result.data["metrics"]
-    assert metrics["slo_goodput_tok_s"]["center"] is not None
-    assert metrics["tok_per_j"]["center"] is not None, metrics["tok_per_j"]
-    assert metrics["mbu"]["center"] is not None, metrics["mbu"]
+    metrics = result.metrics
+    assert metrics.slo_goodput_tok_s.center is not None
+    assert metrics.tok_per_j.center is not None, metrics.tok_per_j
+    assert metrics.mbu.center is not None, metrics.mbu
 
 
 @pytest.mark.moeperf_gpu
@@ -35,9 +35,9 @@ def test_h200_fixed_in_tree(moeperf) -> None:  # type: ignore[no-untyped-def]
 def test_h200_fixed_fp8_in_tree(moeperf) -> None:  # type: ignore[no-untyped-def]
     """FP8 (fp8_w8a8): the same requests; vLLM reads the dtype=fp8_w8a8 config file."""
     result = moeperf.run()
-    metrics = result.data["metrics"]
-    assert metrics["slo_goodput_tok_s"]["center"] is not None
+    metrics = result.metrics
+    assert metrics.slo_goodput_tok_s.center is not None
     # vLLM 0.24 ships no fp8_w8a8 file for these shapes: the proof is then the server log's
     # search for the dtype=fp8_w8a8 name (vLLM's default tiling serves); with a file, its path.
-    proof = result.data["moe_config"]
-    assert any("fp8_w8a8" in p for p in proof["loaded"]) or "fp8_w8a8" in proof["check"], proof
+    proof = result.moe_config
+    assert any("fp8_w8a8" in p for p in proof.loaded) or "fp8_w8a8" in proof.check, proof

@@ -16,11 +16,15 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_moeperf import __version__, options
+
+if TYPE_CHECKING:
+    from pytest_moeperf.report.model import Result
+    from pytest_moeperf.report.rows import Metrics, MoeConfigProof, VerdictRow
 
 RESULTS_SCHEMA = 1
 
@@ -38,6 +42,28 @@ class PerfResult:
     def to_dict(self) -> dict[str, Any]:
         return {"nodeid": self.nodeid, "outcome": self.outcome, "reasons": self.reasons,
                 **self.data}  # fmt: skip
+
+    @property
+    def record(self) -> Result:
+        """This result as the typed model the report reads, parsed from what is written (so a
+        perf test, the results file and the report cannot disagree)."""
+        from pytest_moeperf.report.model import parse_result
+
+        return parse_result(self.to_dict(), f"the result of {self.nodeid}")
+
+    @property
+    def metrics(self) -> Metrics:
+        """``result.metrics.slo_goodput_tok_s.center``: runs, center, unit and note."""
+        return self.record.metrics
+
+    @property
+    def moe_config(self) -> MoeConfigProof:
+        """The MoE config served and its proof (``loaded`` files, ``check`` line)."""
+        return self.record.moe_config
+
+    @property
+    def verdicts(self) -> tuple[VerdictRow, ...]:
+        return self.record.verdicts
 
 
 class MoePerfSession:

@@ -28,7 +28,10 @@ runs: 1
 """
 
 BODY = {
-    "passes": "moeperf.run()",
+    # the typed result a perf test reads (tests/test_perf_result.py has the model itself)
+    "passes": "result = moeperf.run()\n    m = result.metrics.slo_goodput_tok_s\n"
+    "    assert m.center > 0 and m.unit == 'tok/s' and len(m.runs) == 1, m\n"
+    "    assert result.moe_config.check.startswith('declared, not set'), result.moe_config",
     "fails": "moeperf.run()\n    assert 1 + 1 == 3, 'the body checks something else'",
     "skips": "moeperf.run()\n    pytest.skip('decided after the run')",
 }

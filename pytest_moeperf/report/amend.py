@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.report.content import fmt_metric
-from pytest_moeperf.report.model import Metric, Result, Run
+from pytest_moeperf.report.model import Metric, Metrics, Result, Run
 
 
 def locate(recorded: str, source: str) -> Path | None:
@@ -127,4 +127,4 @@ def _amend(r: Result, source: str) -> tuple[Result, str | None]:
         f"{r.nodeid} [{r.config}]: {', '.join(moves)}, as amended in the baseline this run "
         f"wrote ({tail}): {how}."
     )
-    return replace(r, metrics=metrics), note
+    return replace(r, metrics=Metrics(metrics)), note

@@ -15,44 +15,13 @@ from typing import Any
 
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.hygiene.model import HygieneReport
+from pytest_moeperf.report.rows import Metric as Metric
+from pytest_moeperf.report.rows import Metrics as Metrics
+from pytest_moeperf.report.rows import MoeConfigProof as MoeConfigProof
+from pytest_moeperf.report.rows import VerdictRow as VerdictRow
 
 SCHEMA_VERSION = 1
 _FIX = "pass a results file written by the moeperf plugin (--moeperf-results), schema_version 1"
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One metric of one result: the per-run values, their center and why it may be missing."""
-
-    runs: tuple[float, ...]
-    center: float | None
-    unit: str
-    note: str | None
-
-    @property
-    def measured(self) -> bool:
-        return self.center is not None and math.isfinite(self.center)
-
-    @property
-    def spread(self) -> tuple[float, float] | None:
-        """min-max of the finite runs, the variance band drawn when no verdict band exists."""
-        xs = [x for x in self.runs if math.isfinite(x)]
-        return (min(xs), max(xs)) if len(xs) >= 2 else None
-
-
-@dataclass(frozen=True)
-class VerdictRow:
-    metric: str
-    outcome: str
-    baseline_center: float | None
-    band: tuple[float, float] | None
-    candidate_center: float | None
-    delta_rel: float | None
-    p_value: float | None
-    unit: str
-    reason: str
-    advice: str
-    gating: bool
 
 
 @dataclass(frozen=True)
@@ -67,8 +36,8 @@ class Result:
     config: str
     spec: Mapping[str, Any]
     setup: Mapping[str, Any]
-    moe_config: Mapping[str, Any]
-    metrics: Mapping[str, Metric]
+    moe_config: MoeConfigProof
+    metrics: Metrics
     verdicts: tuple[VerdictRow, ...]
     baseline: Mapping[str, Any]
     accuracy: Mapping[str, Any] | None
@@ -232,8 +201,8 @@ def _result(r: _Reader, d: Mapping[str, Any], where: str, run_index: int) -> Res
         config=config or "default",
         spec=r.mapping(d, "spec", where) or {},
         setup=r.mapping(d, "setup", where) or {},
-        moe_config=moe,
-        metrics=metrics,
+        moe_config=MoeConfigProof(moe),
+        metrics=Metrics(metrics),
         verdicts=verdicts,
         baseline=r.mapping(d, "baseline", where) or {},
         accuracy=r.mapping(d, "accuracy", where),
@@ -244,6 +213,12 @@ def _result(r: _Reader, d: Mapping[str, Any], where: str, run_index: int) -> Res
         if d.get("hygiene") is None
         else HygieneReport.from_dict(d["hygiene"], r.source, f"{where}.hygiene"),
     )
+
+
+def parse_result(record: Mapping[str, Any], source: str) -> Result:
+    """One result record (as the plugin writes it into ``results``) as the typed ``Result``:
+    the same model the report reads, so a perf test and the report see the same fields."""
+    return _result(_Reader(source), record, "result", 0)
 
 
 def parse_payload(payload: object, source: str, run_index: int = 0) -> Run:
