@@ -499,6 +499,32 @@ def test_spin_mode_holds_the_core_for_exactly_what_is_owed() -> None:
         step_delay.parse_delay("nap:0.05")
 
 
+def test_fixed_mode_owes_the_same_time_every_model_step_whatever_its_compute() -> None:
+    class Runner:
+        def execute_model(self, x: int) -> int:
+            t.now += 0.001 * x  # compute grows with the batch
+            return x
+
+        def sample_tokens(self, g: int) -> int:
+            t.now += 0.0005
+            return g
+
+    mod = types.ModuleType("fake_runner")
+    mod.GPUModelRunner = Runner  # type: ignore[attr-defined]
+    t = FakeTime()
+    d = step_delay.StepDelay(0.1, clock=t.clock, sleep=t.sleep, mode="fixed")
+    step_delay.patch_module(mod, d)
+    r = Runner()
+    for x in (1, 5, 20, 1):
+        r.execute_model(x)
+        r.sample_tokens(x)
+    # 0.1 s per execute_model, nothing after sample_tokens, overshoot paid back
+    assert d.slept_s == pytest.approx(0.4, abs=1e-4)
+    assert d.calls == 8
+    assert step_delay.parse_delay("fixed:0.1") == ("fixed", 0.1)
+    assert "fixed:0.1" in d.by_fraction
+
+
 def test_parse_fraction() -> None:
     assert step_delay.parse_fraction(None) == 0.0
     assert step_delay.parse_fraction(" ") == 0.0

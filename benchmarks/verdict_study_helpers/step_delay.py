@@ -11,7 +11,9 @@ changes: same scheduler, same batch sizes, same kernels; the model runner simply
 Configuration (environment, read once when the plugin loads):
 
 * ``MOEPERF_STEP_DELAY``: the fraction x (0.05 = 5 % slower steps); ``spin:0.05`` busy-waits
-  instead of sleeping (the runner keeps its core, as a slower kernel would). Unset, empty or 0
+  instead of sleeping (the runner keeps its core, as a slower kernel would); ``fixed:0.1``
+  sleeps 0.1 s after every ``execute_model`` call (a fixed cost per model step, whatever the
+  machine: the e2e test's slowdown, which must stand out of any VM's noise). Unset, empty or 0
   and no ``MOEPERF_STEP_DELAY_FILE``: the plugin returns at once and patches nothing.
 * ``MOEPERF_STEP_DELAY_FILE``: a file holding the fraction, re-read when it changes (checked
   every 0.25 s), so one server can alternate 0 and x (the single-stream check of the study).
@@ -44,6 +46,8 @@ FILE_ENV = "MOEPERF_STEP_DELAY_FILE"
 STATS_ENV = "MOEPERF_STEP_DELAY_STATS"
 FILE_POLL_S = 0.25
 STATS_EVERY_S = 2.0
+MODES = ("sleep", "spin", "fixed")
+STEP_CALL = "execute_model"  # the call a fixed delay is paid after: one per model step
 
 
 def parse_fraction(text: str | None) -> float:
@@ -53,13 +57,14 @@ def parse_fraction(text: str | None) -> float:
 
 def parse_delay(text: str | None) -> tuple[str, float]:
     """``"0.05"`` -> ("sleep", 0.05); ``"spin:0.05"`` -> ("spin", 0.05): the delay busy-waits
-    instead of sleeping (the model runner keeps its core, as a slower kernel would)."""
+    instead of sleeping (the model runner keeps its core, as a slower kernel would);
+    ``"fixed:0.1"`` -> ("fixed", 0.1): 0.1 s a model step, not a fraction of its compute."""
     if text is None or not text.strip():
         return "sleep", 0.0
     mode, _, value = text.strip().rpartition(":")
     mode = mode or "sleep"
-    if mode not in ("sleep", "spin"):
-        raise ValueError(f"step delay mode {mode!r} is not 'sleep' or 'spin'")
+    if mode not in MODES:
+        raise ValueError(f"step delay mode {mode!r} is not one of {', '.join(MODES)}")
     x = float(value)
     if not 0.0 <= x <= 10.0:
         raise ValueError(f"step delay fraction {x!r} is outside [0, 10]")
@@ -106,14 +111,18 @@ class StepDelay:
         except (OSError, ValueError):
             pass  # a half-written file: keep the last fraction, read it again next time
 
-    def after(self, busy_s: float) -> None:
-        """Account one call that computed for ``busy_s`` and pay the sleep owed so far."""
+    def after(self, busy_s: float, step: bool = True) -> None:
+        """Account one call that computed for ``busy_s`` and pay the sleep owed so far;
+        ``step``: the call is the model step (a fixed delay is owed once per step)."""
         self.calls += 1
         self.busy_s += busy_s
         key = f"{self.fraction:g}" if self.mode == "sleep" else f"{self.mode}:{self.fraction:g}"
         slot = self.by_fraction.setdefault(key, [0.0, 0.0])
         slot[0] += busy_s
-        self.owed_s += self.fraction * busy_s
+        if self.mode == "fixed":
+            self.owed_s += self.fraction if step else 0.0
+        else:
+            self.owed_s += self.fraction * busy_s
         if self.owed_s > 0:
             t0 = self.clock()
             if self.mode == "spin":
@@ -156,12 +165,14 @@ class StepDelay:
             pass
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        step = getattr(fn, "__name__", "") == STEP_CALL
+
         def delayed(*args: Any, **kwargs: Any) -> Any:
             t0 = self.clock()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.after(self.clock() - t0)
+                self.after(self.clock() - t0, step)
 
         delayed.__wrapped__ = fn  # type: ignore[attr-defined]
         delayed.__name__ = getattr(fn, "__name__", "delayed")
