@@ -3,11 +3,12 @@
 # slowdown (the poor tiling, perf_tests/moe_configs/h200-poor) on the bf16 test, in a process
 # session of its own so that it outlives the device tool's 10-minute calls.
 #   start COMMIT   begin (after stage.sh has unpacked vLLM into /root/site)
-#   watch SECONDS  wait until both are done or SECONDS passed, then pack /root/out into $OUT
-# Baselines are judged from a copy in /root/out/baselines: with the refresh flag a passing
+#   watch SECONDS  wait until both are done or SECONDS passed, then pack /root/moeperf-out into $OUT
+# Not /root/out: that is the device tool's $OUT, emptied before every call (a first run lost its
+# logs there). Baselines are judged from a copy in /root/moeperf-out/baselines: with the refresh flag a passing
 # test writes its own runs there (the second nightly as a file), the committed ones stay.
 set -u
-O=/root/out
+O=/root/moeperf-out
 case "${1:-}" in
 start)
   mkdir -p "$O" && cp -r baselines "$O/baselines"
@@ -42,5 +43,5 @@ watch)
   while [ "$(date +%s)" -lt "$end" ] && ! grep -q slowdown "$O/state.txt" 2>/dev/null; do sleep 5; done
   cat "$O/state.txt" 2>/dev/null; tail -5 "$O/pytest-nightly.log" "$O/pytest-slowdown.log" 2>/dev/null
   nvidia-smi > "$O/nvidia-smi-now.txt" 2>&1
-  tar -C /root -czf "$OUT/out.tgz" out ;;
+  tar -C /root -czf "$OUT/out.tgz" moeperf-out; cp "$O"/*.json "$O"/*.log "$OUT"/ 2>/dev/null ;;
 esac
