@@ -36,8 +36,9 @@ def _fake_search(
     def fake(endpoint: Any, spec: Any, slo: Any, **kw: Any) -> Any:
         calls.append({k: kw[k] for k in ("start_rate", "hint_hi", "min_span_s", "rate_min")})
         lo, hi = brackets.pop(0)
-        search = SimpleNamespace(boundary_rate=lo, bracket=(lo, hi), converged=converged,
-                                 note="not converged within 5 probes", tolerance=0.05)  # fmt: skip
+        search = SimpleNamespace(boundary_rate=lo, estimate=lo, bracket=(lo, hi),
+                                 converged=converged, note="not converged within 5 probes",
+                                 tolerance=0.05)  # fmt: skip
         return probe.RunMeasurement(0, search, [], {"slo_goodput_tok_s": lo},  # type: ignore[arg-type]
                                     probe_span_s=12.0 + len(calls))  # fmt: skip
 
@@ -59,6 +60,10 @@ def test_second_run_starts_at_the_first_boundary_and_aims_at_its_miss(
     assert [c["min_span_s"] for c in calls] == [None, 13.0]  # the probe length run 1 needed
     assert all(c["rate_min"] == d.spec_rate_min for c in calls)  # a miss may step down to it
     assert not any("does not count" in line for line in lines)
+    said = [x for x in lines if "SLO boundary" in x]
+    assert said == ["t run 1/2: SLO boundary 40 req/s (met 40, missed 41.6), SLO goodput "
+                    "40 tok/s", "t run 2/2: SLO boundary 40 req/s (met 40, missed 41.6), "
+                    "SLO goodput 40 tok/s"]  # fmt: skip
 
 
 def test_an_unconverged_run_is_said_not_to_count(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,7 @@ from pytest_moeperf.run.search import (
     AbortPolicy,
     ProbeResult,
     SearchResult,
+    boundary_estimate,
     certain_miss_count,
     headroom,
     model_estimate,
@@ -511,3 +512,76 @@ def test_noisy_p99s_just_past_lo_do_not_eat_the_probe_budget() -> None:
     assert res.boundary_rate is not None and 64 / 1.1 <= res.boundary_rate < 64
     steps = [b / a for a, b in itertools.pairwise(calls[2:7])]
     assert all(b > a for a, b in itertools.pairwise(steps)), steps
+
+
+def _probe(rate: float, ttft_ms: float, tpot_ms: float, *, met: bool | None = None,
+           aborted: bool = False) -> ProbeResult:  # fmt: skip
+    ok = ttft_ms <= SLO.ttft_p99_ms and tpot_ms <= SLO.tpot_p99_ms
+    s = {"ttft": {"p99_ms": ttft_ms}, "tpot": {"p99_ms": tpot_ms}}
+    return ProbeResult(rate, ok if met is None else met, s, aborted)
+
+
+def test_estimate_interpolates_the_headroom_in_log_log() -> None:
+    # headroom 1.25 at 10 req/s, 0.8 at 12: log h is linear in log r with its zero halfway
+    lo, hi = _probe(10.0, 1600.0, 30.0), _probe(12.0, 2500.0, 30.0)
+    assert boundary_estimate(lo, hi, SLO) == pytest.approx(math.sqrt(10.0 * 12.0))
+    # the binding metric decides at each end (TPOT at the top)
+    hi_tpot = _probe(12.0, 1000.0, 50.0 / 0.8)
+    assert boundary_estimate(lo, hi_tpot, SLO) == pytest.approx(math.sqrt(10.0 * 12.0))
+    # a miss far past the SLO puts the crossing near the met end
+    assert 10.0 < boundary_estimate(lo, _probe(12.0, 20_000.0, 30.0), SLO) < 10.5
+
+
+@pytest.mark.parametrize(
+    ("hi", "why"),
+    [
+        (None, "no miss above: met at rate_max"),
+        (_probe(12.0, math.inf, math.inf, aborted=True), "stopped early: no p99"),
+        (_probe(12.0, 3000.0, 30.0, aborted=True), "stopped early: a partial p99"),
+        (_probe(12.0, 1500.0, 30.0, met=False), "p99s met, not a steady state"),
+        (_probe(9.0, 2500.0, 30.0), "not above the met rate"),
+    ],
+)
+def test_estimate_stays_at_the_met_rate_when_the_miss_says_nothing_of_p99(
+    hi: ProbeResult | None, why: str
+) -> None:
+    assert boundary_estimate(_probe(10.0, 1600.0, 30.0), hi, SLO) == 10.0, why
+
+
+def test_estimate_moves_with_the_server_where_the_bracket_steps() -> None:
+    # one schedule for every probe makes runs of one server take one path; the bracket's met
+    # end then moves in steps of the tolerance, the estimate with the server's speed
+    ests, los = [], []
+    for scale in (1.0, 0.99, 0.98, 0.97):
+        sim = CurveServer(20.0 * scale, q=300.0)
+        res = search_slo_boundary(sim, slo=SLO, rate_min=8.0, tolerance=0.08, max_probes=8)
+        assert res.converged and res.estimate is not None and res.boundary_rate is not None
+        b = sim.true_boundary()
+        assert res.boundary_rate <= res.estimate <= res.bracket[1]  # type: ignore[operator]
+        assert abs(res.estimate / b - 1) < abs(res.boundary_rate / b - 1)
+        ests.append(res.estimate)
+        los.append(res.boundary_rate)
+    for scale, est in zip((0.99, 0.98, 0.97), ests[1:], strict=True):
+        assert est / ests[0] == pytest.approx(scale, abs=0.005)
+
+
+def test_a_probe_just_above_a_met_rate_runs_in_full() -> None:
+    # the probe that decides the bracket keeps its p99s: no early stop within two tolerances
+    # of a met rate; farther up an overloaded probe is still stopped
+    sim = CurveServer(20.0, q=300.0)
+    overdue = [RequestRecord(index=i, scheduled_s=0.0, send_s=0.0, input_tokens=8, max_tokens=8)
+               for i in range(400)]  # fmt: skip
+    stops: dict[float, bool] = {}
+
+    def probe(rate: float, abort: AbortCheck) -> ProbeResult:
+        stops[rate] = abort(overdue, 100.0) is not None  # every request overdue its first token
+        return sim(rate, abort)
+
+    res = search_slo_boundary(probe, slo=SLO, rate_min=8.0, tolerance=0.08, max_probes=8,
+                              abort_policy=AbortPolicy(planned_requests=400))  # fmt: skip
+    met = [p.rate for p in res.probes if p.met]
+    for rate, stopped in stops.items():
+        near = any(m < rate <= m * 1.08**2 * (1 + 1e-9) for m in met if m < rate)
+        first_met_below = [m for m in met if m < rate]
+        assert stopped is not (near and bool(first_met_below)), (rate, met, stops)
+    assert any(not s for s in stops.values()) and any(stops.values())

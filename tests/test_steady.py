@@ -159,8 +159,11 @@ def test_falling_behind_reason_has_the_rates() -> None:
     assert c.completion_ratio == pytest.approx(0.8)
 
 
-def test_shortfall_within_counting_noise_is_not_falling_behind() -> None:
-    """40 sends, 80 % finished: a shortfall of 8 is within 3 sqrt(2 x mean + 1); 16 is not."""
+def test_shortfall_within_counting_noise_is_too_short_to_judge_not_met() -> None:
+    """40 sends, 80 % finished: a shortfall of 8 is within 3 sqrt(2 x mean + 1), so the window
+    cannot tell falling behind from noise: too short (rerun with more sends), never steady. On
+    the H200 an 87 % probe passed as noise and its run reported half the others' boundary.
+    A shortfall of 16 is beyond the noise: falling behind."""
 
     def fails(*bad: int) -> Callable[[int], RequestStatus]:
         return lambda i: "http_error" if i % 5 in bad else "ok"
@@ -169,7 +172,11 @@ def test_shortfall_within_counting_noise_is_not_falling_behind() -> None:
     assert (small.sends, small.completions) == (40, 32) and small.completion_ratio < 0.9
     assert small.in_system is not None
     assert 3 * math.sqrt(2 * small.in_system.mean + 1) >= 8
-    assert small.steady, small.reasons
+    assert small.too_short and not small.steady
+    (why,) = small.reasons
+    assert why.startswith("1.6 req/s finished against 2 req/s sent in the window (80 % < 90 %), "
+                          "a shortfall of 8 within the window's counting noise (")  # fmt: skip
+    assert why.endswith("): cannot tell falling behind from noise")
     big = run(even(2.0, 30.0, 5.0, status=fails(0, 1)), 5.5, 25.5, e2el=5.0)
     assert (big.sends, big.completions) == (40, 24)
     assert big.reasons == ("falling behind: 1.2 req/s finished against 2 req/s sent in the "

@@ -222,3 +222,16 @@ def test_command_line_keeps_the_quotes_a_shell_needs() -> None:
             "--moeperf-reason", "first H200 baselines (issue 16): 3 runs"]  # fmt: skip
     line = command_line(argv)
     assert shlex.split(line) == ["pytest", *argv[1:]]
+
+
+def test_tokens_per_chunk_and_the_clients_send_lag_are_recorded() -> None:
+    # two requests of 4 tokens: one streamed token by token, one read late in 2 chunks
+    a = rec(0, 0.0, 0.1, [0.01, 0.01, 0.01])
+    b = rec(1, 1.0, 0.1, [0.01, 0.01, 0.01])
+    b.token_times_s = [1.1, 1.1, 1.13, 1.13]
+    b.scheduled_s = 0.99  # sent 10 ms late
+    s = summarize(run_of([a, b]), SLO, warmup_s=0.0, cooldown_s=0.0)
+    assert s.tokens_per_chunk == pytest.approx(8 / 6)
+    assert 0.0 < s.send_lag_p99_ms <= 10.0 + 1e-6
+    back = LoadSummary.from_dict(json.loads(json.dumps(s.to_dict())))
+    assert back.tokens_per_chunk == s.tokens_per_chunk

@@ -56,6 +56,24 @@ def test_same_seed_same_requests_and_offset_changes_them() -> None:
     assert build(fixed(seed=8)) != a
 
 
+def test_a_shared_schedule_keeps_arrivals_and_lengths_and_changes_only_prompts() -> None:
+    # the SLO search's common random numbers: every probe replays one schedule, faster or
+    # slower, with fresh prompts (no prompt served twice, so no prefix-cache hit)
+    a = build(chat(n=200), rate=4.0, seed_offset=3, schedule_offset=0)
+    b = build(chat(n=300), rate=8.0, seed_offset=4, schedule_offset=0)
+    assert [r.max_tokens for r in a] == [r.max_tokens for r in b[:200]]
+    assert [r.input_tokens for r in a] == [r.input_tokens for r in b[:200]]
+    # the same gaps, played twice as fast (each schedule is rescaled to end at n / rate)
+    gaps_a = np.diff([r.arrival_s for r in a])
+    gaps_b = np.diff([r.arrival_s for r in b[:200]])
+    ratio = gaps_a / gaps_b
+    assert np.allclose(ratio, ratio[0]) and 1.5 < ratio[0] < 2.7
+    assert not {r.prompt_token_ids for r in a} & {r.prompt_token_ids for r in b}
+    # without a shared schedule, two offsets draw two different schedules
+    c = build(chat(n=200), rate=4.0, seed_offset=4)
+    assert [r.max_tokens for r in c] != [r.max_tokens for r in a]
+
+
 def test_arrivals_are_sorted_and_match_the_rate() -> None:
     reqs = build(fixed(num_requests=2000), rate=20.0)
     arr = [r.arrival_s for r in reqs]

@@ -2,8 +2,10 @@
 
 Prompts are random token ids (not text) so the server sees exactly the planned input length;
 everything is drawn from generators seeded by (workload.seed, seed_offset), so a baseline and a
-candidate run send identical traffic. numpy is imported inside functions: this module is
-imported by the driver at run time only.
+candidate run send identical traffic. ``schedule_offset`` seeds the lengths and arrival times
+apart from the token ids: the SLO search gives every probe of every run the same schedule
+(common random numbers) but fresh prompts, so no prompt is served twice. numpy is imported
+inside functions: this module is imported by the driver at run time only.
 """
 
 from __future__ import annotations
@@ -87,10 +89,15 @@ def build_requests(
     burstiness: float,
     n: int | None = None,
     seed_offset: int = 0,
+    schedule_offset: int | None = None,
     low_token_id: int = DEFAULT_LOW_TOKEN_ID,
     reserved_ids: Sequence[tuple[int, int]] = (),
 ) -> list[RequestSpec]:
-    """The requests of one run. ``seed_offset`` gives independent runs from one spec.
+    """The requests of one run. ``seed_offset`` gives independent runs from one spec;
+    ``schedule_offset``, when given, seeds the lengths and arrival times instead, so that runs
+    with one ``schedule_offset`` and different ``seed_offset`` share their schedule (the first
+    ``n`` of one sequence: a shorter run is a prefix of a longer one, up to the rescaling of
+    ``arrival_offsets``) and differ only in their prompts' token ids.
 
     ``rate`` and ``burstiness`` shape the arrivals of chat-mix-v1 and fixed traces (gamma gaps,
     from ``load.arrivals``); a replay keeps the arrival times of its file. ``reserved_ids`` are
@@ -107,6 +114,8 @@ def build_requests(
         raise UsageError(_SRC, "reserved_ids", list(reserved_ids), "leave no usable ids", fix)
     seq = np.random.SeedSequence([workload.seed, seed_offset])
     len_seed, tok_seed, arr_seed = seq.spawn(3)
+    if schedule_offset is not None:
+        len_seed, _, arr_seed = np.random.SeedSequence([workload.seed, schedule_offset]).spawn(3)
     count = n if n is not None else workload.num_requests
     arrivals: list[float]
     if workload.trace == "replay":
@@ -124,7 +133,7 @@ def build_requests(
     else:
         if count is None:
             raise UsageError(_SRC, "n", None, "no request count", "set workload.num_requests")
-        raw_in, raw_out = _draw_lengths(workload, count, np.random.default_rng(len_seed))
+        raw_in, raw_out = _draw_lengths(workload, count, len_seed)
         arr_int = int(arr_seed.generate_state(1)[0])
         arrivals = arrival_offsets(count, rate, burstiness, arr_int)
     lengths = []
@@ -144,7 +153,7 @@ def build_requests(
 
 
 def _draw_lengths(
-    workload: WorkloadSpec, count: int, rng: np.random.Generator
+    workload: WorkloadSpec, count: int, seed: np.random.SeedSequence
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     import numpy as np
 
@@ -155,7 +164,9 @@ def _draw_lengths(
             np.full(count, float(workload.output_tokens)),
         )
     out = []
-    for key in ("input", "output"):
+    # one stream per length, so that the first n lengths of a longer draw are those of a draw
+    # of n (a shared schedule: the probes of a search differ in size)
+    for key, child in zip(("input", "output"), seed.spawn(2), strict=True):
         mu, sigma = lognormal_params(*CHAT_MIX_V1[key])
-        out.append(np.rint(rng.lognormal(mu, sigma, size=count)))
+        out.append(np.rint(np.random.default_rng(child).lognormal(mu, sigma, size=count)))
     return out[0], out[1]

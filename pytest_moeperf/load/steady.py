@@ -11,8 +11,10 @@ met only when, over its measured window, all of these hold:
   rate read there is low); a shorter probe is *too short*: neither met nor missed, it is rerun
   longer;
 * **keeping up**: requests finished inside the window at no less than ``1 - COMPLETION_MARGIN``
-  of the rate they were sent inside it, by more than counting noise allows (three standard
-  deviations of the change in requests in the system, about sqrt(2 x mean in the system));
+  of the rate they were sent inside it. A shortfall larger than counting noise (three standard
+  deviations of the change in requests in the system, about sqrt(2 x mean in the system)) is
+  falling behind; one within it cannot be told from noise, and the probe is *too short*:
+  rerun with more sends, never met on that window;
 * **no growing queue**: requests in the system (sent, not finished; from the client's records)
   and, where the server exports it, ``vllm:num_requests_waiting`` show no upward trend whose
   growth over the window exceeds ``queue_limit`` (counting noise, or a quarter of the mean in
@@ -155,10 +157,17 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
     mean_n = sys_trend.mean if sys_trend is not None else 0.0
     noise = 3.0 * math.sqrt(2.0 * mean_n + 1.0)
     shortfall = len(sends) - len(done)
-    if offered > 0 and completed < (1 - COMPLETION_MARGIN) * offered and shortfall > noise:
-        reasons.append(f"falling behind: {completed:.3g} req/s finished against {offered:.3g} "
-                       f"req/s sent in the window ({100 * completed / offered:.0f} % < "
-                       f"{100 * (1 - COMPLETION_MARGIN):.0f} %)")  # fmt: skip
+    unsure: str | None = None
+    if offered > 0 and completed < (1 - COMPLETION_MARGIN) * offered:
+        kept = (f"{completed:.3g} req/s finished against {offered:.3g} req/s sent in the "
+                f"window ({100 * completed / offered:.0f} % < "
+                f"{100 * (1 - COMPLETION_MARGIN):.0f} %)")  # fmt: skip
+        if shortfall > noise:
+            reasons.append(f"falling behind: {kept}")
+        else:  # neither keeping up nor surely behind: on the H200 an 87 % probe passed as
+            # counting noise and set half the boundary of the other runs. More sends decide.
+            unsure = (f"{kept}, a shortfall of {shortfall} within the window's counting noise "
+                      f"({noise:.0f}): cannot tell falling behind from noise")  # fmt: skip
     if sys_trend is not None:
         limit = queue_limit(sys_trend.mean)
         if sys_trend.rising(limit):
@@ -184,6 +193,11 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
     if ttft_trend is not None and ttft_trend.rising(rise_limit):
         reasons.append(f"TTFT rising: +{ttft_trend.growth * 1e3:.0f} ms over the window "
                        f"(limit {rise_limit * 1e3:.0f} ms)")  # fmt: skip
+    if unsure is not None and not reasons:  # rerun longer, as for a window too short
+        reasons.append(unsure)
+        return SteadyCheck(False, True, tuple(reasons), length, len(sends), len(done), offered,
+                           completed, sys_trend, wait_trend, ttft_trend, bool(waiting),
+                           tuple(notes))  # fmt: skip
     return SteadyCheck(
         steady=not reasons, too_short=False, reasons=tuple(reasons), window_s=length,
         sends=len(sends),

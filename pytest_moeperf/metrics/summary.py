@@ -118,6 +118,13 @@ class LoadSummary:
     #: the queue at the window's edges: at one rate on the H200 the produced figure moved
     #: 95-107 % of rate x tokens between runs. NaN in summaries recorded before it existed.
     sent_tok_s: float = math.nan
+    #: streamed tokens per SSE chunk of the window's ok requests (1.0: one token an event).
+    #: Above 1 the stream merged tokens: the server's API process or this client read late, so
+    #: TTFT and ITL include that lag. On the H200 it reached 5-10 near the boundary (FP8: 2 at
+    #: 8 req/s); where it is high, the client or the API server, not the GPU, sets the p99s.
+    tokens_per_chunk: float = math.nan
+    #: p99 of (actual send - scheduled send), ms, over the window: the client's own lag
+    send_lag_p99_ms: float = math.nan
 
     @property
     def n_failed(self) -> int:
@@ -152,6 +159,14 @@ def request_meets_slo(r: RequestRecord, slo: Slo) -> bool:
     if r.ttft_s * 1000.0 > slo.ttft_p99_ms or tpot * 1000.0 > slo.tpot_p99_ms:
         return False
     return slo.e2el_p99_ms is None or r.e2el_s * 1000.0 <= slo.e2el_p99_ms
+
+
+def _tokens_per_chunk(ok: Sequence[RequestRecord]) -> float:
+    """Tokens over distinct arrival times (a chunk of k tokens repeats its time k times)."""
+    tokens = sum(len(r.token_times_s) for r in ok)
+    chunks = sum(1 + sum(1 for a, b in itertools.pairwise(r.token_times_s) if b != a)
+                 for r in ok if r.token_times_s)  # fmt: skip
+    return tokens / chunks if chunks else math.nan
 
 
 def _chunk_gaps(times: Sequence[float]) -> list[float]:
@@ -262,6 +277,10 @@ def summarize(run: RunRecord, slo: Slo, *, warmup_s: float, cooldown_s: float) -
         notes=tuple(notes),
         first_error=first_error,
         sent_tok_s=sum(r.output_tokens for r in ok) / length,
+        tokens_per_chunk=_tokens_per_chunk(ok),
+        send_lag_p99_ms=LatencyStats.of(
+            [max(r.send_s - r.scheduled_s, 0.0) for r in inside]
+        ).p99_ms,
     )
 
 

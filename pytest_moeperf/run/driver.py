@@ -35,6 +35,9 @@ WARM_MAX_BATCH = 64
 #: with no Triton JIT logged during it. The cause is not known; the open-loop phase makes the
 #: first measured probe the second open-loop load the server sees, as every later one is.
 WARM_OPEN_LOOP_S = 20.0
+#: Tokens per streamed chunk above which a probe's progress line says so (``tokens_per_chunk``
+#: in ``metrics/summary.py``): the stream was read late, by the API server or this client.
+MERGED_CHUNKS = 1.1
 
 
 def warm_levels(spec: Spec, gpu: bool) -> tuple[int, ...]:
@@ -178,6 +181,11 @@ class RunDriver:
         lo, hi = run.search.bracket
         if lo is not None:
             self._warm[endpoint.base_url] = (lo, hi, run.probe_span_s)
+            goodput = run.metrics.get("slo_goodput_tok_s")
+            if goodput is not None and run.search.estimate is not None:
+                top = f"{hi:.3g}" if hi is not None else "not probed"
+                self.say(f"{label}: SLO boundary {run.search.estimate:.4g} req/s (met "
+                         f"{lo:.3g}, missed {top}), SLO goodput {goodput:.4g} tok/s")  # fmt: skip
         if not run.complete and run.incomplete_reason:
             self.say(f"{label}: does not count: {run.incomplete_reason}")
         return run
@@ -194,6 +202,9 @@ class RunDriver:
             st = s.get("steady") or {}
             keep = st.get("completion_ratio")
             kept = f", completed {100 * keep:.0f} % of sent" if keep == keep and keep else ""
+            merged = s.get("tokens_per_chunk") or 0.0
+            if merged > MERGED_CHUNKS:  # the stream was read late: say so where it is seen
+                kept += f", {merged:.1f} tokens a chunk"
             why = f": {res.reason}" if not res.met and res.reason else ""
             self.say(
                 f"{label} probe {k + 1} rate {rate:.3g} req/s: "

@@ -16,7 +16,13 @@ import pytest
 
 from pytest_moeperf import markers, settings
 from pytest_moeperf.errors import UsageError
-from pytest_moeperf.run.probe import Endpoint, MbuInputs, RunMeasurement, ServerDied
+from pytest_moeperf.run.probe import (
+    Endpoint,
+    MbuInputs,
+    RunMeasurement,
+    ServerDied,
+    keyed_spec_hash,
+)
 from pytest_moeperf.run.record import (
     collect_metrics,
     metric_entry,
@@ -344,7 +350,7 @@ class PerfTest:
             dtype=plan.spec.model.dtype,
             tp=p.tensor,
             dp=p.data,
-            spec_hash=plan.spec.hash()[:16],
+            spec_hash=keyed_spec_hash(plan.spec),
             moe_config_hash=config_hash(folder) if folder else "declared",
             calibration=calibration.for_key(self.config, env.gpus),
         )

@@ -60,7 +60,9 @@ class ProbeResult:
 
 @dataclass(frozen=True)
 class SearchResult:
-    """``boundary_rate`` is the highest rate that met the SLO (None if even rate_min failed)."""
+    """``boundary_rate`` is the highest rate that met the SLO (None if even rate_min failed);
+    ``estimate`` is where inside the final bracket the SLO is met exactly (``boundary_estimate``),
+    the figure a run reports."""
 
     boundary_rate: float | None
     goodput_tok_s: float | None
@@ -69,6 +71,7 @@ class SearchResult:
     converged: bool
     bracket: tuple[float | None, float | None] = (None, None)
     note: str = ""
+    estimate: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -176,6 +179,11 @@ class AbortPolicy:
         )
 
 
+def _never(records: Sequence[RequestRecord], now_s: float) -> str | None:
+    """The ``AbortCheck`` of a probe that runs in full."""
+    return None
+
+
 def _p99s(result: ProbeResult, slo: Slo) -> dict[str, float]:
     """p99 (ms) of each metric the SLO constrains, as the probe's summary reports it."""
     out: dict[str, float] = {}
@@ -214,6 +222,30 @@ def headroom(result: ProbeResult, slo: Slo) -> float:
     ]
     h = min(ratios) if ratios else (2.0 if result.met else 0.0)
     return max(h, 1.0) if result.met else min(h, 0.999)
+
+
+def boundary_estimate(lo: ProbeResult, hi: ProbeResult | None, slo: Slo) -> float:
+    """The rate inside the bracket [lo (met), hi (missed)] where the SLO is met exactly.
+
+    The headroom ``min(SLO / p99)`` of the two ends, interpolated in log-log to 1. The bracket's
+    ends alone are a step function of the server's speed: with one schedule for every probe
+    (``run.probe.SEARCH_SCHEDULE``) the runs of one server take the same path, and a 1 % slower
+    server either reports the same rate or one tolerance lower. The interpolated rate moves
+    with the p99s. It stays ``lo.rate`` where ``hi`` says nothing about p99 (no miss above,
+    a steady-state miss, a probe stopped early: its p99s are +inf).
+    """
+    if hi is None or hi.aborted or not hi.rate > lo.rate:
+        return lo.rate
+    limits = {"ttft": slo.ttft_p99_ms, "tpot": slo.tpot_p99_ms, "e2el": slo.e2el_p99_ms}
+    p_lo, p_hi = _p99s(lo, slo), _p99s(hi, slo)
+    if not p_lo or set(p_lo) != set(p_hi) or not all(map(math.isfinite, p_hi.values())):
+        return lo.rate
+    h_lo = min((limits[k] or 0.0) / max(p, 1e-9) for k, p in p_lo.items())
+    h_hi = min((limits[k] or 0.0) / max(p, 1e-9) for k, p in p_hi.items())
+    if not (h_lo >= 1.0 > h_hi > 0.0):
+        return lo.rate
+    t = math.log(h_lo) / (math.log(h_lo) - math.log(h_hi))
+    return float(lo.rate * (hi.rate / lo.rate) ** t)
 
 
 def _capacity(result: ProbeResult) -> float | None:
@@ -428,7 +460,10 @@ def search_slo_boundary(
     note = f"not converged within {max_probes} probes"
     converged = hinted = False
     while True:
-        res = probe(rate, policy.make(slo, rate))
+        # a probe just above a met rate decides the bracket: it runs in full, so that its p99s
+        # are finite and the estimate can read where between the two the SLO was crossed
+        full = st.lo is not None and rate <= st.lo[0] * st.g**2 * (1 + 1e-9)
+        res = probe(rate, _never if full else policy.make(slo, rate))
         probes.append(res)
         if on_probe is not None:
             on_probe(len(probes) - 1, rate, res)
@@ -459,6 +494,8 @@ def search_slo_boundary(
     lo_rate = st.lo[0] if st.lo else None
     best = next((p for p in probes if p.met and p.rate == lo_rate), None)
     goodput = best.summary.get("output_tok_s") if best is not None else None
+    worst = next((p for p in probes if st.hi and not p.met and p.rate == st.hi[0]), None)
+    estimate = boundary_estimate(best, worst, slo) if best is not None and converged else lo_rate
     return SearchResult(
         boundary_rate=lo_rate,
         goodput_tok_s=float(goodput) if isinstance(goodput, int | float) else None,
@@ -467,4 +504,5 @@ def search_slo_boundary(
         converged=converged,
         bracket=(lo_rate, st.hi[0] if st.hi else None),
         note=note,
+        estimate=estimate,
     )
