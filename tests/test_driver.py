@@ -244,3 +244,75 @@ def test_a_warm_up_where_every_request_failed_stops_with_the_servers_error(
     assert "every warm-up request to http://127.0.0.1:1 failed (http_error 4)" in str(err.value)
     assert "HTTP 500: boom" in str(err.value)
     assert not any("warmed up" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("finished", "start", "said"),
+    [
+        (30.0, 15.0, "; the first search starts at 15 req/s (0.5 x the 30 req/s finished at "
+                     "concurrency 8)"),
+        (5.0, 4.0, "; the first search starts at 4 req/s (search.rate_min)"),  # cpu-smoke: 4
+    ],
+)
+def test_the_first_search_starts_at_half_the_warm_ups_throughput(
+    monkeypatch: pytest.MonkeyPatch, finished: float, start: float, said: str
+) -> None:
+    """Not below search.rate_min; later runs still start from the previous bracket."""
+
+    def ok(*a: Any, **kw: Any) -> Any:
+        return SimpleNamespace(fixed={"n_ok": kw["num_requests"], "request_throughput": finished})
+
+    monkeypatch.setattr(probe, "measure_fixed", ok)
+    lines: list[str] = []
+    d = _driver(lines)
+    ep = probe.Endpoint("http://127.0.0.1:1", "m")
+    d.warm_up(ep, "t")
+    assert lines == [f"t: warmed up (16 requests at concurrency 8, not measured){said}"]
+    calls = _fake_search(monkeypatch, [(20.0, 21.0), (20.0, 21.0)])
+    d.run(ep, 0, "t run 1/2")
+    d.run(ep, 1, "t run 2/2")
+    assert [c["start_rate"] for c in calls] == [start, 20.0]
+    assert all(c["rate_min"] == 4.0 for c in calls)  # the floor stays the spec's
+    other = probe.Endpoint("http://127.0.0.1:2", "m")  # another server: not warmed here
+    _fake_search(monkeypatch, [(20.0, 21.0)])
+    assert d._start.get(other.base_url) is None
+
+
+def test_a_probe_rerun_for_too_few_sends_does_not_lengthen_the_probes_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first probe at rate_min holds too few sends and is rerun longer; the next probe, at a
+    higher rate, has enough sends in the spec's span and stays that short. Before, the rerun's
+    span was kept for every later probe: on 2 CPU cores 30 sends at 4 req/s made every probe of
+    the session 16 s long, 240 requests at 15 req/s. The load is simulated (each request
+    answered 50 ms after its send, 8 tokens 5 ms apart), so the sizes are exact."""
+    from pytest_moeperf.load import runner
+    from pytest_moeperf.load.records import RequestRecord, RunRecord
+
+    def fake_load(url: str, model: str, requests: Any, **kw: Any) -> RunRecord:
+        recs = []
+        for r in requests:
+            times = [r.arrival_s + 0.05 + 0.005 * k for k in range(r.max_tokens)]
+            recs.append(RequestRecord(index=r.index, scheduled_s=r.arrival_s, send_s=r.arrival_s,
+                                      input_tokens=r.input_tokens, max_tokens=r.max_tokens,
+                                      first_token_s=times[0], end_s=times[-1],
+                                      output_tokens=len(times), token_times_s=times))  # fmt: skip
+        return RunRecord("poisson", kw["target"], 1.0, 0, recs[-1].end_s or 0.0, recs, 0.0)
+
+    monkeypatch.setattr(runner, "run_load", fake_load)
+    spec = _spec("search: {rate_min: 4, rate_max: 16, tolerance: 0.1, max_probes: 3, "
+                 "probe_requests: 10, probe_duration_s: 3}\n")  # fmt: skip
+    lines: list[str] = []
+    run = probe.measure_run(probe.Endpoint("http://127.0.0.1:1", "m"), spec, spec.slo, index=0,
+                            meter=NotMeasuredMeter("test"), vocab_size=1024, rate_min=4.0,
+                            probe_requests=10, max_probes=3, mbu_inputs=None,
+                            say=lines.append)  # fmt: skip
+    assert run.search is not None
+    first, second = run.search.probes  # 4 (rerun longer), then 16 = rate_max
+    assert first.rate == 4.0 and second.rate == 16.0 and second.met
+    (retry,) = first.summary["too_short_attempts"]
+    assert "fewer than 30" in retry["reason"]
+    assert first.summary["n_requests"] > 40  # 30 sends in the window at 4 req/s, with room
+    assert second.summary["n_requests"] == 48  # 16 req/s x 3 s, what 30 sends need there
+    assert not second.summary.get("too_short_attempts")
+    assert lines == [lines[0]] and "too short to judge" in lines[0]

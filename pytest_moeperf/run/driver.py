@@ -38,6 +38,13 @@ WARM_OPEN_LOOP_S = 20.0
 #: Tokens per streamed chunk above which a probe's progress line says so (``tokens_per_chunk``
 #: in ``metrics/summary.py``): the stream was read late, by the API server or this client.
 MERGED_CHUNKS = 1.1
+#: The first search run starts at this share of what the warm-up's highest closed-loop level
+#: finished per second (never below ``search.rate_min``, which is then only the floor). Closed
+#: loop at a few requests in flight finishes about as fast as the server can go; half of it is
+#: likely to meet the SLO, and one x4 step brackets the boundary. From a fixed rate_min a fast
+#: machine paid one or two probes climbing, and a slow one (a 3-5x slower VM, or the e2e test's
+#: slowed server) could find "SLO not met at the lowest rate".
+WARM_START_FRACTION = 0.5
 
 
 def warm_levels(spec: Spec, gpu: bool) -> tuple[int, ...]:
@@ -72,6 +79,7 @@ class RunDriver:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     _warm: dict[str, tuple[float, float | None, float | None]] = field(default_factory=dict)
+    _start: dict[str, float] = field(default_factory=dict)  # first search rate, per server
     _last_load: tuple[str, float] | None = None  # (server URL, when its last load ended)
 
     @property
@@ -92,7 +100,7 @@ class RunDriver:
 
         levels = self.warm or warm_levels(self.spec, gpu=False)
         self._settle(endpoint)
-        sent = 0
+        sent, thr = 0, 0.0
         for i, c in enumerate(levels):
             n = max(4, 2 * c)
             run = measure_fixed(endpoint, self.spec, self.slo, index=999 + i,
@@ -102,14 +110,24 @@ class RunDriver:
             if not fixed.get("n_ok"):
                 raise WarmUpFailed(endpoint.base_url, fixed)
             sent += n
+            thr = float(fixed.get("request_throughput") or 0.0)
         at = f"concurrency {levels[0]}" if len(levels) == 1 else (
             f"concurrency {', '.join(map(str, levels))} in turn")  # fmt: skip
+        start = self.spec_rate_min
+        if self.fixed_concurrency is None and thr > 0:
+            start = max(start, WARM_START_FRACTION * thr)
+            self._start[endpoint.base_url] = start
         if len(levels) > 1:  # a GPU: then the open-loop pattern the probes use
-            rate = self.spec_rate_min
-            sent += self._open_loop(endpoint, rate, math.ceil(rate * WARM_OPEN_LOOP_S))
-            at += f", then Poisson at {rate:g} req/s for {WARM_OPEN_LOOP_S:g} s"
+            sent += self._open_loop(endpoint, start, math.ceil(start * WARM_OPEN_LOOP_S))
+            at += f", then Poisson at {start:.3g} req/s for {WARM_OPEN_LOOP_S:g} s"
         self._last_load = (endpoint.base_url, self.clock())
-        self.say(f"{label}: warmed up ({sent} requests at {at}, not measured)")
+        first = ""
+        if endpoint.base_url in self._start:
+            first = (f"; the first search starts at {start:.3g} req/s ("
+                     + (f"{WARM_START_FRACTION:g} x the {thr:.3g} req/s finished at concurrency "
+                        f"{levels[-1]}" if start > self.spec_rate_min else "search.rate_min")
+                     + ")")  # fmt: skip
+        self.say(f"{label}: warmed up ({sent} requests at {at}, not measured){first}")
 
     def _open_loop(self, endpoint: Endpoint, rate: float, n: int) -> int:
         """Unmeasured Poisson load (its own seeds, never a probe's requests); returns n."""
@@ -175,7 +193,8 @@ class RunDriver:
                 f"(ttft p99 {_ms(s, 'ttft')}, tpot p99 {_ms(s, 'tpot')})"
             )
             return run
-        start, hint, span = self._warm.get(endpoint.base_url, (self.spec_rate_min, None, None))
+        first = self._start.get(endpoint.base_url, self.spec_rate_min)
+        start, hint, span = self._warm.get(endpoint.base_url, (first, None, None))
         run = self._search(endpoint, index, label, start, hint, span)
         assert run.search is not None
         lo, hi = run.search.bracket

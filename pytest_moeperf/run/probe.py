@@ -153,19 +153,19 @@ def measure_run(
     spec_span = spec.search.probe_duration_s if spec.search else None
     span = {"s": max(filter(None, (spec_span, min_span_s)), default=None)}
 
-    def size(rate: float) -> int:
-        return probe_size(rate, probe_requests, span["s"])
+    def size(rate: float, longer: float | None = None) -> int:
+        return probe_size(rate, probe_requests, longer or span["s"])
 
     def probe(rate: float, abort: AbortCheck) -> ProbeResult:
         """A probe, rerun longer while too short to judge; the discarded loads are listed in
         the kept probe's summary (``too_short_attempts``), not as probes of their own."""
         discarded: list[dict[str, Any]] = []
-        result = None
+        result, longer = None, None
         for attempt in range(MAX_EXTENSIONS + 1):
             if discarded:
                 energy.pop()
                 done.pop()
-            result, needed = probe_once(rate, abort)
+            result, needed = probe_once(rate, abort, longer)
             if discarded:
                 result = replace(
                     result, summary={**result.summary, "too_short_attempts": list(discarded)}
@@ -175,15 +175,20 @@ def measure_run(
                 return result
             discarded.append({"send_span_s": result.summary.get("send_span_s"),
                               "reason": result.reason})  # fmt: skip
-            old = _send_span_of(size(rate), rate)
-            span["s"] = max(needed, 1.5 * old)
+            here, everywhere = needed
+            longer = max(here, 1.5 * _send_span_of(size(rate, longer), rate))
+            # what latency asks for holds at every rate; what a count of sends asks for only
+            # here (at 4 req/s, 30 sends took 16 s, and every later probe paid 16 s at 15 req/s)
+            span["s"] = max(span["s"] or 0.0, everywhere) or None
             if say is not None:
                 say(f"  probe at {rate:.3g} req/s too short to judge a steady state "
-                    f"({result.reason}); again with {span['s']:.0f} s of sends")  # fmt: skip
+                    f"({result.reason}); again with {longer:.0f} s of sends")  # fmt: skip
         assert result is not None
         return result
 
-    def probe_once(rate: float, abort: AbortCheck) -> tuple[ProbeResult, float | None]:
+    def probe_once(
+        rate: float, abort: AbortCheck, longer: float | None
+    ) -> tuple[ProbeResult, tuple[float, float] | None]:
         from pytest_moeperf.load.requests import build_requests
         from pytest_moeperf.load.runner import run_load
         from pytest_moeperf.load.serverstats import Sampler, wait_idle
@@ -191,7 +196,7 @@ def measure_run(
         i = len(done)
         requests = build_requests(
             spec.workload, vocab_size=vocab_size, max_model_len=spec.model.max_model_len,
-            rate=rate, burstiness=spec.arrival.burstiness, n=size(rate),
+            rate=rate, burstiness=spec.arrival.burstiness, n=size(rate, longer),
             seed_offset=1000 * index + i, schedule_offset=SEARCH_SCHEDULE,
         )  # fmt: skip
 
@@ -227,7 +232,7 @@ def measure_run(
         extra = {"steady": check.to_dict(), "server": stats.to_dict(),
                  "idle_wait": idle.to_dict(), "send_span_s": _send_span(run)}  # fmt: skip
         result = replace(result, summary={**result.summary, **extra})
-        needed: float | None = None
+        needed: tuple[float, float] | None = None
         if not idle.idle:
             result = replace(result, met=False, reason=(
                 f"server not idle before the probe: {dict(idle.last)} after "
@@ -269,16 +274,17 @@ def median_e2el_s(run: RunRecord) -> float:
     return statistics.median(vals) if vals else math.nan
 
 
-def needed_span(summary: LoadSummary, spec: Spec, rate: float) -> float:
+def needed_span(summary: LoadSummary, spec: Spec, rate: float) -> tuple[float, float]:
     """Send span whose window, after a one-latency fill-up, spans ``MIN_WINDOW_E2EL`` latencies
-    and holds ``MIN_WINDOW_SENDS`` sends at ``rate`` (with room for Poisson spread)."""
+    and holds ``MIN_WINDOW_SENDS`` sends at ``rate`` (with room for Poisson spread): (the span
+    at this rate, the part of it that latency asks for, which later probes keep)."""
     from pytest_moeperf.load.steady import MIN_WINDOW_E2EL, MIN_WINDOW_SENDS
 
     e2el = summary.e2el.p50_ms / 1e3 if math.isfinite(summary.e2el.p50_ms) else 1.0
     keep = max(1.0 - spec.window.cooldown_fraction - (spec.window.warmup_fraction or 0.0), 0.5)
     by_time = (1.0 + MIN_WINDOW_E2EL) * e2el / keep
     by_count = e2el + 1.5 * MIN_WINDOW_SENDS / rate / keep if rate > 0 else 0.0  # Poisson spread
-    return 1.15 * max(by_time, by_count)
+    return 1.15 * max(by_time, by_count), 1.15 * by_time
 
 
 def steady_check(run: RunRecord, summary: LoadSummary, slo: Slo, stats: Any) -> Any:
