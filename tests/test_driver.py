@@ -249,8 +249,11 @@ def test_a_warm_up_where_every_request_failed_stops_with_the_servers_error(
 @pytest.mark.parametrize(
     ("finished", "start", "said"),
     [
-        (30.0, 15.0, "; the first search starts at 15 req/s (0.5 x the 30 req/s finished at "
-                     "concurrency 8)"),
+        (
+            30.0,
+            15.0,
+            "; the first search starts at 15 req/s (0.5 x the 30 req/s finished at concurrency 8)",
+        ),
         (5.0, 4.0, "; the first search starts at 4 req/s (search.rate_min)"),  # cpu-smoke: 4
     ],
 )
