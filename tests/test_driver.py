@@ -212,9 +212,9 @@ def test_warm_up_runs_each_level_unmeasured_and_says_so(monkeypatch: pytest.Monk
     d.warm_up(probe.Endpoint(url, "m"), "t")
     assert [(c, n) for c, n, _ in calls] == [(1, 4), (2, 4), (4, 8)]
     assert {m for _, _, m in calls} == {NotMeasuredMeter("x").name}
-    assert srv.stats.requests == 6  # ceil(4 req/s x 1.5 s), sent for real
-    assert lines == ["t: warmed up (22 requests at concurrency 1, 2, 4 in turn, then Poisson at "
-                     "4 req/s for 1.5 s, not measured)"]  # fmt: skip
+    assert srv.stats.requests == 2  # ceil(1 req/s (cpu-smoke's rate_min) x 1.5 s), sent for real
+    assert lines == ["t: warmed up (18 requests at concurrency 1, 2, 4 in turn, then Poisson at "
+                     "1 req/s for 1.5 s, not measured)"]  # fmt: skip
 
 
 def test_cpu_warm_up_has_no_open_loop_phase(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -254,7 +254,7 @@ def test_a_warm_up_where_every_request_failed_stops_with_the_servers_error(
             15.0,
             "; the first search starts at 15 req/s (0.5 x the 30 req/s finished at concurrency 8)",
         ),
-        (5.0, 4.0, "; the first search starts at 4 req/s (search.rate_min)"),  # cpu-smoke: 4
+        (1.5, 1.0, "; the first search starts at 1 req/s (search.rate_min)"),  # cpu-smoke: 1
     ],
 )
 def test_the_first_search_starts_at_half_the_warm_ups_throughput(
@@ -275,7 +275,7 @@ def test_the_first_search_starts_at_half_the_warm_ups_throughput(
     d.run(ep, 0, "t run 1/2")
     d.run(ep, 1, "t run 2/2")
     assert [c["start_rate"] for c in calls] == [start, 20.0]
-    assert all(c["rate_min"] == 4.0 for c in calls)  # the floor stays the spec's
+    assert all(c["rate_min"] == 1.0 for c in calls)  # the floor stays the spec's
     other = probe.Endpoint("http://127.0.0.1:2", "m")  # another server: not warmed here
     _fake_search(monkeypatch, [(20.0, 21.0)])
     assert d._start.get(other.base_url) is None
