@@ -41,7 +41,16 @@ BENCH_SHIM = (
 )
 
 
-def plugin_run(spec, url: str, model: str, rate: float, seconds: float, vocab: int, seed: int):  # type: ignore[no-untyped-def]
+def plugin_run(
+    spec,
+    url: str,
+    model: str,
+    rate: float,
+    seconds: float,
+    vocab: int,
+    seed: int,  # type: ignore[no-untyped-def]
+    schedule: int | None = None,
+):
     from pytest_moeperf.load.requests import build_requests
     from pytest_moeperf.load.runner import run_load
     from pytest_moeperf.load.serverstats import Sampler, wait_idle
@@ -56,6 +65,7 @@ def plugin_run(spec, url: str, model: str, rate: float, seconds: float, vocab: i
         burstiness=1.0,
         n=int(rate * seconds),
         seed_offset=seed,
+        schedule_offset=schedule,
     )
     sampler = Sampler(url)
     sampler.start()
@@ -71,6 +81,9 @@ def plugin_run(spec, url: str, model: str, rate: float, seconds: float, vocab: i
         "idle": idle.to_dict(),
         "requests": len(reqs),
         "ttft_p99_ms": s["ttft"]["p99_ms"],
+        "ttft_p50_ms": s["ttft"]["p50_ms"],
+        "tokens_per_chunk": s.get("tokens_per_chunk"),
+        "send_lag_p99_ms": s.get("send_lag_p99_ms"),
         "tpot_p99_ms": s["tpot"]["p99_ms"],
         "output_tok_s": s["output_tok_s"],
         "request_throughput": s["request_throughput"],
