@@ -31,7 +31,11 @@ CPU_SERVER_ARGS = [
 
 
 #: Fixtures that mean a real vLLM server: tests using them are marked ``real_server``.
-REAL_SERVER_FIXTURES = frozenset({"cpu_server", "embedded_model"})
+REAL_SERVER_FIXTURES = frozenset({"cpu_server", "embedded_model", "tutorial_checkout"})
+#: Fixtures that mean a measurement judged against a baseline: tests using them are also marked
+#: ``measures`` and run alone (``make test``'s second pass): a second server on the 2 cores moves
+#: the figures a verdict is asked about, and the machine calibration a baseline records.
+MEASURING_FIXTURES = frozenset({"tutorial_checkout"})
 
 
 def _uses_shared_server(item: pytest.Item) -> bool:
@@ -51,6 +55,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = getattr(item, "module", None)
         if names & REAL_SERVER_FIXTURES or getattr(module, "REAL_SERVER", False):
             item.add_marker(pytest.mark.real_server)
+        if names & MEASURING_FIXTURES:
+            item.add_marker(pytest.mark.measures)
     users = {item.path for item in items if _uses_shared_server(item)}
     items.sort(key=lambda item: item.path not in users)  # stable: module order is kept
     _SHARED.last_user = next((i for i in reversed(items) if _uses_shared_server(i)), None)

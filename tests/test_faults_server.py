@@ -35,8 +35,8 @@ engine_args: {max-num-seqs: 8, enforce-eager: true}
 workload: {trace: fixed, num_requests: 16, seed: 0, input_tokens: 32, output_tokens: 16}
 arrival: {process: poisson}
 slo: {ttft_p99_ms: 60000, tpot_p99_ms: 10000}  # never missed: the kill ends probe 2
-search: {rate_min: 4.0, rate_max: 16.0, tolerance: 0.1, max_probes: 3, probe_requests: 16,
-         probe_duration_s: 3}
+search: {rate_min: 4.0, rate_max: 4000.0, tolerance: 0.1, max_probes: 3, probe_requests: 16,
+         probe_duration_s: 3}  # probe 2 is x4 above a first met probe, wherever it starts
 runs: 1
 """
 

@@ -115,7 +115,8 @@ class RunDriver:
             f"concurrency {', '.join(map(str, levels))} in turn")  # fmt: skip
         start = self.spec_rate_min
         if self.fixed_concurrency is None and thr > 0:
-            start = max(start, WARM_START_FRACTION * thr)
+            top = self.spec.search.rate_max if self.spec.search else None
+            start = min(max(start, WARM_START_FRACTION * thr), top or math.inf)
             self._start[endpoint.base_url] = start
         if len(levels) > 1:  # a GPU: then the open-loop pattern the probes use
             sent += self._open_loop(endpoint, start, math.ceil(start * WARM_OPEN_LOOP_S))
@@ -126,6 +127,8 @@ class RunDriver:
             first = (f"; the first search starts at {start:.3g} req/s ("
                      + (f"{WARM_START_FRACTION:g} x the {thr:.3g} req/s finished at concurrency "
                         f"{levels[-1]}" if start > self.spec_rate_min else "search.rate_min")
+                     + (", capped at search.rate_max" if start < WARM_START_FRACTION * thr
+                        and start > self.spec_rate_min else "")
                      + ")")  # fmt: skip
         self.say(f"{label}: warmed up ({sent} requests at {at}, not measured){first}")
 
