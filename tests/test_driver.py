@@ -255,8 +255,12 @@ def test_a_warm_up_where_every_request_failed_stops_with_the_servers_error(
             "; the first search starts at 15 req/s (0.5 x the 30 req/s finished at concurrency 8)",
         ),
         (1.5, 1.0, "; the first search starts at 1 req/s (search.rate_min)"),  # cpu-smoke: 1
-        (400.0, 160.0, "; the first search starts at 160 req/s (0.5 x the 400 req/s finished "
-                       "at concurrency 8, capped at search.rate_max)"),  # fmt: skip
+        (
+            400.0,
+            160.0,
+            "; the first search starts at 160 req/s (0.5 x the 400 req/s finished "
+            "at concurrency 8, capped at search.rate_max)",
+        ),
     ],
 )
 def test_the_first_search_starts_at_half_the_warm_ups_throughput(

@@ -12,9 +12,10 @@ The slowdown is the verdict study's step-delay plugin
 keeps the baseline key) in its fixed mode: every model step sleeps 0.05 s more. A fixed cost
 stands out of any VM's noise: at 16 sequences a batch the slowed server cannot decode more than
 320 tok/s (~10 req/s of this workload) and its TPOT is at least 50 ms, against tens of req/s
-and 10-20 ms unslowed. With 0.1 s (TPOT +915 %, goodput -89 %, 2026-12-05) the slowed runs'
-probes at 1-2 req/s took 40 s each, 465 s for the test. The search starts at half of what the warm-up finished and may go down to
-``search.rate_min`` (1 req/s), so the slowed server still has a boundary to report. Slowdowns
+and 10-20 ms unslowed (2026-12-05: goodput -62 %, p99 TPOT +559 %, both regressed; with 0.1 s
+TPOT +915 % regressed and goodput -89 % "unchanged" at p = 0.03). The search starts at half of
+what the warm-up finished and may go down to ``search.rate_min`` (1 req/s), so the slowed server
+still has a boundary to report. Slowdowns
 proportional to the step's compute did not stand out: on the tiny embedded model most of a step
 is the serving stack, so 4x the compute (``spin:3``) moved goodput -0.4 % on one VM and +48 %
 (the VM's drift) in one CI run, and ``--max-num-seqs 1`` cost nothing measurable on a faster VM.
