@@ -15,7 +15,7 @@ from pytest_moeperf.baseline.storage import Baseline, read_baseline_file
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.report.table import format_verdict_table
 from pytest_moeperf.verdict.metrics import DEFAULT_METRICS
-from pytest_moeperf.verdict.stats import judge_all
+from pytest_moeperf.verdict.stats import judge_all, search_resolution
 
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -70,7 +70,9 @@ def run(args: argparse.Namespace) -> int:
                 f"({a.key.describe_mismatches(b.key)})",
                 "compare files from the same hardware, or pass --allow-other-hardware",
             )
-        verdicts = judge_all(a.metrics, b.metrics, names=args.metric, source="--metric")
+        resolution = max(search_resolution(a.runs), search_resolution(b.runs))
+        verdicts = judge_all(a.metrics, b.metrics, names=args.metric, source="--metric",
+                             resolution=resolution)  # fmt: skip
         if not verdicts:
             raise UsageError(
                 args.candidate,

@@ -40,9 +40,13 @@ def compare(
     store: BaselineStore, test_id: str, key: BaselineKey, candidate: Mapping[str, Sequence[float]],
     *, allow_other_hardware: bool, ci_mode: bool, target: str,
     accuracy: dict[str, Any] | None = None, accuracy_gate: AccuracyGate | None = None,
-    refreshing: bool = False,
+    refreshing: bool = False, candidate_runs: Sequence[Mapping[str, Any]] = (),
 ) -> BaselineOutcome:  # fmt: skip
-    from pytest_moeperf.verdict import judge_all
+    """Compare ``candidate`` (per-run metric values) with the stored baseline of this key.
+
+    ``candidate_runs`` are the runs as recorded: with the baseline's, they give the SLO search
+    bracket that searched metrics are known to within (``verdict.search_resolution``)."""
+    from pytest_moeperf.verdict import judge_all, search_resolution
 
     hint = REFRESH_HINT.format(target=target)
     path = str(store.path_for(test_id, key))
@@ -87,8 +91,9 @@ def compare(
         return out
     out = BaselineOutcome("compared", path, baseline=baseline)
     names = [n for n in candidate if n in baseline.metrics and candidate[n] and baseline.metrics[n]]
+    resolution = max(search_resolution(baseline.runs), search_resolution(candidate_runs))
     out.verdicts = judge_all(baseline.metrics, {n: candidate[n] for n in names},
-                             source=f"baseline {path}")  # fmt: skip
+                             source=f"baseline {path}", resolution=resolution)  # fmt: skip
     measured = [n for n in candidate if candidate[n]]
     if measured and not any(v.gating for v in out.verdicts):  # compared nothing: no gate
         out.failures.append(f"baseline {path} shares no gated metric with this run (baseline: "

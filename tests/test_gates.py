@@ -311,3 +311,19 @@ def test_a_baseline_sharing_no_gated_metric_fails_instead_of_passing(tmp_path: P
         "power_w, slo_goodput_tok_s, ttft_p99_ms; this run: mbu)"
     )
     assert "Fix: re-record it with `pytest tests/perf/test_moe.py --moeperf-refresh" in failure
+
+
+def test_searched_metrics_are_judged_to_within_the_search_bracket(tmp_path: Path) -> None:
+    """Three baseline runs on one 10 % bracket, a candidate one bracket lower: not regressed.
+    The bracket comes from the runs as stored (each search run records its tolerance)."""
+    store = BaselineStore(tmp_path)
+    searched = [{"index": i, "tolerance": 0.10, "bracket": [24.19, 26.6]} for i in range(3)]
+    store.write(Baseline(TEST_ID, make_key(), {"slo_rate_rps": [24.19] * 3}, searched, PROV),
+                complete=True)  # fmt: skip
+    lower = {"slo_rate_rps": [21.99] * 3}
+    out = compare(store, lower, candidate_runs=searched)
+    assert out.status == "compared" and out.failures == []
+    (v,) = out.verdicts
+    assert v.outcome != "regressed", v.reason
+    halved = compare(store, {"slo_rate_rps": [12.1] * 3}, candidate_runs=searched)
+    assert any("slo_rate_rps regressed" in f for f in halved.failures)

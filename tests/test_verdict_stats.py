@@ -19,6 +19,7 @@ from pytest_moeperf.verdict import (
     judge,
     judge_all,
     runs_needed,
+    search_resolution,
 )
 
 GOODPUT = DEFAULT_METRICS["slo_goodput_tok_s"]
@@ -343,3 +344,28 @@ def test_verdict_to_dict_is_json() -> None:
     again = json.loads(json.dumps(d))
     assert again["outcome"] == "regressed"
     assert again["band"] == list(d["band"])
+
+
+def test_runs_on_one_bracket_are_known_only_to_within_it() -> None:
+    """Three baseline runs that all certified the same bracket (24.19 req/s each, the committed
+    CPU baseline of 2026-12-05) have no spread; a candidate one bracket up or down is not a
+    certain change: the search's resolution (log(1 + tolerance)) is their uncertainty."""
+    spec = DEFAULT_METRICS["slo_rate_rps"]
+    base, below = [24.19] * 3, [21.99] * 3  # one 10 % bracket lower
+    certain = judge(spec, base, below)
+    assert certain.outcome == "regressed" and certain.p_value == 0.0  # without: a false alarm
+    v = judge(spec, base, below, resolution=math.log1p(0.10))
+    assert v.outcome != "regressed" and v.p_value is not None and v.p_value > 0.01
+    assert v.band[0] < 21.99 < 24.19 < v.band[1]
+    halved = judge(spec, base, [12.1] * 3, resolution=math.log1p(0.10))
+    assert halved.outcome == "regressed"  # a change far beyond the bracket is still caught
+    # metrics that are not search results keep their own spread
+    tpot = DEFAULT_METRICS["tpot_p99_ms"]
+    assert not tpot.searched
+    assert judge(tpot, [10.0] * 3, [12.0] * 3, resolution=1.0).outcome == "regressed"
+
+
+def test_search_resolution_is_the_widest_tolerance_of_the_runs() -> None:
+    runs = [{"tolerance": 0.08, "bracket": [1, 2]}, {"tolerance": 0.1}, {"fixed": {}}]
+    assert search_resolution(runs) == pytest.approx(math.log1p(0.1))
+    assert search_resolution([{"fixed": {}}]) == 0.0 and search_resolution([]) == 0.0

@@ -367,6 +367,7 @@ class PerfTest:
             accuracy=accuracy,
             accuracy_gate=plan.accuracy,
             refreshing=bool(s.refresh_baselines.value),
+            candidate_runs=[r.to_dict() for r in runs],
         )
         self._verdicts = outcome.verdicts
         data["verdicts"] = [v.to_dict() for v in outcome.verdicts]

@@ -19,6 +19,7 @@ from pytest_moeperf.verdict.stats import (
     judge,
     judge_all,
     runs_needed,
+    search_resolution,
 )
 
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "judge",
     "judge_all",
     "runs_needed",
+    "search_resolution",
 ]

@@ -29,6 +29,9 @@ class MetricSpec:
     min_effect: float
     role: Role = "gate"
     description: str = ""
+    #: the result of an SLO search: each run's value is known only to within the search's
+    #: bracket, however alike the runs come out (``stats.judge``'s ``resolution``)
+    searched: bool = False
 
     def __post_init__(self) -> None:
         if self.direction not in ("higher", "lower"):
@@ -64,6 +67,7 @@ DEFAULT_METRICS: Mapping[str, MetricSpec] = _registry(
         "higher",
         0.01,
         description="output tokens/s of requests that met the latency SLO, at the SLO rate",
+        searched=True,
     ),
     MetricSpec(
         "slo_rate_rps",
@@ -71,6 +75,7 @@ DEFAULT_METRICS: Mapping[str, MetricSpec] = _registry(
         "higher",
         0.01,
         description="highest request rate at which the SLO still holds",
+        searched=True,
     ),
     MetricSpec("output_tok_s", "tok/s", "higher", 0.01, description="output token throughput"),
     MetricSpec("tok_per_j", "tok/J", "higher", 0.01, description="output tokens per joule"),

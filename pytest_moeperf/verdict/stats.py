@@ -176,14 +176,28 @@ def _advice(
     return f"run {kb} more baseline and {kc} more candidate runs"
 
 
+def search_resolution(runs: Sequence[Mapping[str, Any]]) -> float:
+    """The log width of the widest SLO-search bracket a run was allowed (``log(1 + tolerance)``
+    of the runs as a baseline or a result stores them); 0.0 when no run was a search."""
+    tols = [float(t) for r in runs if isinstance(t := r.get("tolerance"), int | float) and t > 0]
+    return math.log1p(max(tols)) if tols else 0.0
+
+
 def judge(
     spec: MetricSpec,
     baseline: Sequence[float],
     candidate: Sequence[float],
     *,
     config: VerdictConfig = VerdictConfig(),
+    resolution: float = 0.0,
 ) -> Verdict:
-    """Judge one metric from its per-run values on each side (one value per run)."""
+    """Judge one metric from its per-run values on each side (one value per run).
+
+    ``resolution`` is the log width of the bracket an SLO search certifies; for a searched
+    metric each run's value is known only to within it, so its variance ``resolution**2 / 12``
+    (uniform over the bracket) is added to each side's run-to-run variance. Without it, three
+    runs that landed on one bracket (a shared schedule makes that likely) have no spread at all,
+    and any other value would be called a certain change: a false alarm one bracket wide."""
     from scipy.special import stdtr, stdtrit
 
     if spec.role == "accuracy":
@@ -224,7 +238,8 @@ def judge(
         "scale": scale,
     }
     cov = config.band_coverage
-    sb = _sd(tb, mb) if nb >= 2 else math.nan
+    quant = resolution**2 / 12 if spec.searched and scale == "log" else 0.0
+    sb = math.sqrt(_sd(tb, mb) ** 2 + quant) if nb >= 2 else math.nan
     half = float(stdtrit(nb - 1, (1 + cov) / 2)) * sb * math.sqrt(1 / nb + 1 / nc) if nb >= 2 else 0
     band = (back(mb - half), back(mb + half)) if nb >= 2 else (math.nan, math.nan)
 
@@ -245,7 +260,7 @@ def judge(
             ),
         )
 
-    sc = _sd(tc, mc)
+    sc = math.sqrt(_sd(tc, mc) ** 2 + quant)
     vb, vc = sb * sb / nb, sc * sc / nc
     se = math.sqrt(vb + vc)
     if se == 0:
@@ -308,6 +323,7 @@ def judge_all(
     registry: Mapping[str, MetricSpec] = DEFAULT_METRICS,
     config: VerdictConfig = VerdictConfig(),
     source: str = "judge_all()",
+    resolution: float = 0.0,
 ) -> list[Verdict]:
     """Judge every generic metric present on both sides, in registry order.
 
@@ -334,4 +350,5 @@ def judge_all(
                         f"pick one of: {', '.join(sorted(set(baseline) & set(candidate)))}",
                     )
             chosen.append(spec)
-    return [judge(s, baseline[s.name], candidate[s.name], config=config) for s in chosen]
+    return [judge(s, baseline[s.name], candidate[s.name], config=config, resolution=resolution)
+            for s in chosen]  # fmt: skip
