@@ -20,7 +20,7 @@ from pytest_moeperf.ab.cases import AbCase, AbSide, describe
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.run.measure import PerfTest, Plan
 from pytest_moeperf.run.probe import Endpoint, RunMeasurement, ServerDied
-from pytest_moeperf.run.record import collect_metrics, metric_entry, spec_summary
+from pytest_moeperf.run.record import collect_metrics, metric_entry, result_table, spec_summary
 from pytest_moeperf.server.process import VllmServer
 from pytest_moeperf.session import PerfResult
 
@@ -69,8 +69,12 @@ class AbOutcome:
     control_base: list[RunMeasurement] = field(default_factory=list)  # base runs of the A/A
 
 
-class AbTest(PerfTest):
-    """``moeperf_ab.run()``: the A/B gate of the parametrized changed file."""
+class AbTest:
+    """``moeperf_ab.run()``: the A/B gate of the parametrized changed file.
+
+    It uses a ``PerfTest`` for what every perf test shares (the plan from the resolved
+    settings, the model folder, the environment, the run driver, the setup record) and adds
+    the pairs of sides, the A/A control and the sweep."""
 
     def __init__(
         self,
@@ -81,18 +85,19 @@ class AbTest(PerfTest):
         case: AbCase | None,
         origin: str | None,
     ) -> None:
-        super().__init__(item, session, factory, workdir)
+        self.perf = PerfTest(item, session, factory, workdir)
+        self.item, self.session, self.factory, self.config = item, session, factory, item.config
         self.case = case
         self.origin = origin
         self._server_env: dict[str, str] = {}  # the spec's server environment (Ray address)
 
-    def run(self) -> PerfResult:  # type: ignore[override]
+    def run(self) -> PerfResult:
         case = self.case
         if case is None:
             pytest.skip(
                 NO_CHANGE_REASON.format(origin=self.origin) if self.origin else NO_CASE_REASON
             )
-        plan = self.plan()
+        plan = self.perf.plan()
         if plan.server_url:
             raise UsageError(
                 "--moeperf-server-url",
@@ -116,7 +121,7 @@ class AbTest(PerfTest):
         stash = settings.of(self.item)
         levels = _levels(stash.sweep.value)
         control = bool(stash.ab_control.value)
-        model_dir = self._model_dir(plan.spec)
+        model_dir = self.perf.model_dir(plan.spec)
         p = plan.spec.parallelism
         quant = plan.spec.engine_arg("quantization")
         why = mismatch(
@@ -134,10 +139,10 @@ class AbTest(PerfTest):
         self.config.hook.pytest_moeperf_server_command(config=self.config, command=args)
         self._server_env = plan.spec.parallelism.server_env()
         sides = {"base": self._start_side(case, case.base, model_dir, args)}
-        self._server = sides["base"].server
+        self.perf.server = sides["base"].server
         sides["head"] = self._start_side(case, case.head, model_dir, args)
-        env = self._environment(plan, sides["base"].endpoint)
-        driver = self.driver(plan, model_dir, env)
+        env = self.perf.environment(plan, sides["base"].endpoint)
+        driver = self.perf.driver(plan, model_dir, env)
         out = AbOutcome(case, plan, pairs, [], sides, [], None, [], [], env)
         out.hygiene = self._hygiene([s.server for s in sides.values()], env)
         for name, state in sides.items():
@@ -291,14 +296,12 @@ class AbTest(PerfTest):
                 data["fleet"] = fleet_of(
                     reference, metrics, reference="base", gpus=max(1, out.env.gpu_count)
                 )
-                self._verdicts = verdicts
             else:
-                self._verdicts = []
+                verdicts = []
             reasons = [f for f in out.failures if _blames(f, name)]
             outcome = "partial" if out.partial else ("failed" if reasons else "passed")
-            result = PerfResult(
-                self.item.nodeid, outcome, data, table=self._table(data), reasons=list(reasons)
-            )
+            table = result_table(data, verdicts)
+            result = PerfResult(self.item.nodeid, outcome, data, table=table, reasons=reasons)
             self.session.record(result)
             results.append(result)
         for w in out.warnings:
@@ -345,7 +348,7 @@ class AbTest(PerfTest):
         }
         if out.partial:
             data["partial"] = out.partial
-        data["setup"] = self._setup(out.plan, out.env, data)
+        data["setup"] = self.perf.setup_data(out.plan, out.env, data)
         return data
 
 

@@ -38,6 +38,8 @@ from pytest_moeperf.spec.model import Slo, Spec
 
 if TYPE_CHECKING:
     from pytest_moeperf.run.driver import RunDriver
+    from pytest_moeperf.server.process import VllmServer
+    from pytest_moeperf.verdict import Verdict
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,11 @@ class PerfTest:
         self.factory = factory
         self.workdir = workdir
         self.config = item.config
+        # what one run() learns on its way, read by later steps (None until then)
+        self.server: VllmServer | None = None  # the server this test started (not an external)
+        self.verdicts: list[Verdict] = []  # against the stored baseline, for the table
+        self._seen: dict[str, Any] = {}  # the test's baseline files as the run started
+        self._candidate: tuple[Any, Any] | None = None  # (store, baseline) a refresh writes
 
     # -- plan ---------------------------------------------------------------------------------
     def plan(self) -> Plan:
@@ -100,10 +107,10 @@ class PerfTest:
         if calibration.on_this_machine(plan.server_url):  # once a session, before a server runs
             calibration.measure_for_session(self.config)
         endpoint, model_dir, check = self._start(plan)
-        env = self._environment(plan, endpoint)
+        env = self.environment(plan, endpoint)
         from pytest_moeperf.hygiene import check_before_load  # after startup, before load
 
-        data["hygiene"], noisy = check_before_load(getattr(self, "_server", None),
+        data["hygiene"], noisy = check_before_load(self.server,
                                                    env.gpu_indices, backend=env.backend,
                                                    server_url=plan.server_url)  # fmt: skip
         if noisy:
@@ -117,7 +124,7 @@ class PerfTest:
         try:
             self._measure(plan, endpoint, model_dir, env, runs)
         except ServerDied as died:
-            server = getattr(self, "_server", None)
+            server = self.server
             partial = f"{died} (run {len(runs) + 1} of {plan.runs})"
             reasons.append(partial + (server.death_note() if server is not None else ""))
             data["partial"] = True
@@ -134,12 +141,12 @@ class PerfTest:
         reasons.extend(slo_failures(plan, runs))
         accuracy = self._accuracy(plan, endpoint) if partial is None else None
         data["accuracy"] = accuracy
-        data["setup"] = self._setup(plan, env, data)
+        data["setup"] = self.setup_data(plan, env, data)
         self._baseline(plan, env, model_dir, metrics, runs, accuracy, data, reasons, partial)
         outcome = "partial" if partial else ("failed" if reasons else "passed")
         result = PerfResult(self.item.nodeid, outcome, data, table=self._table(data),
                             reasons=reasons)  # fmt: skip
-        candidate = getattr(self, "_candidate", None)
+        candidate = self._candidate
         self.session.record(result, notify=candidate is None)
         if candidate is not None:  # written once the test body has passed (pending.settle)
             store, baseline = candidate
@@ -162,22 +169,21 @@ class PerfTest:
             return (Endpoint(plan.server_url, model), None,
                     f"declared, not set: {plan.moe.name} on external server "
                     f"{plan.server_url}")  # fmt: skip
-        model_dir = self._model_dir(plan.spec)
+        model_dir = self.model_dir(plan.spec)
         args = plan.spec.vllm_args()
         self.config.hook.pytest_moeperf_server_command(config=self.config, command=args)
         server = self.factory(model_dir, args, name=plan.moe.name,
                               moe_config_folder=plan.moe.folder,
                               moe_config_files=plan.moe.files,
                               env=plan.spec.parallelism.server_env())  # fmt: skip
-        self._server = server
+        self.server = server
         endpoint = Endpoint(server.base_url, server.model_name, server.alive, server.pgid)
         return endpoint, model_dir, self.factory.checks[-1].message
 
     def _loaded(self) -> tuple[str, ...]:
-        server = getattr(self, "_server", None)
-        return server.moe_observation().loaded if server is not None else ()
+        return self.server.moe_observation().loaded if self.server is not None else ()
 
-    def _model_dir(self, spec: Spec) -> Path:
+    def model_dir(self, spec: Spec) -> Path:
         loc = spec.model_location()
         if loc == EMBEDDED_NAME:
             from pytest_moeperf.server.embedded import ensure_embedded_model
@@ -193,11 +199,11 @@ class PerfTest:
                              f"{models.value} (models folder: {models.source})")  # fmt: skip
         return p
 
-    def _environment(self, plan: Plan, endpoint: Endpoint) -> Any:
+    def environment(self, plan: Plan, endpoint: Endpoint) -> Any:
         from pytest_moeperf import environment
         from pytest_moeperf.server.logscan import engine_version
 
-        server = getattr(self, "_server", None)
+        server = self.server
         log = server.log_text() if server is not None else ""
         backend = (
             "external"
@@ -304,7 +310,7 @@ class PerfTest:
                            limit=limit)  # fmt: skip
         return {**result.to_dict(), "scope": scope}
 
-    def _setup(self, plan: Plan, env: Any, data: dict[str, Any]) -> dict[str, Any]:
+    def setup_data(self, plan: Plan, env: Any, data: dict[str, Any]) -> dict[str, Any]:
         from pytest_moeperf.metrics.hardware import rated_bandwidth
 
         p = plan.spec.parallelism
@@ -333,7 +339,7 @@ class PerfTest:
         root = s.baseline_dir.value
         assert root is not None
         store = BaselineStore(root)
-        folder = self._server.config.tuned_config_folder if hasattr(self, "_server") else None
+        folder = self.server.config.tuned_config_folder if self.server is not None else None
         model = plan.spec.model.path
         if model_dir is not None:
             model = f"{model}@{model_fingerprint(model_dir)}"
@@ -369,7 +375,7 @@ class PerfTest:
             refreshing=bool(s.refresh_baselines.value),
             candidate_runs=[r.to_dict() for r in runs],
         )
-        self._verdicts = outcome.verdicts
+        self.verdicts = list(outcome.verdicts)
         data["verdicts"] = [v.to_dict() for v in outcome.verdicts]
         data["baseline"] = {"path": outcome.path, "status": outcome.status,
                             "warnings": outcome.warnings}  # fmt: skip
@@ -410,4 +416,4 @@ class PerfTest:
             data["baseline"]["refresh"] = "pending: written once the test body has passed"
 
     def _table(self, data: dict[str, Any]) -> str:
-        return result_table(data, getattr(self, "_verdicts", []))
+        return result_table(data, self.verdicts)
