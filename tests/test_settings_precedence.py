@@ -38,7 +38,7 @@ def test_probe(moeperf):
     print(f"PLAN runs={{plan.runs}} spec={{plan.spec.source}}")
     print(f"PLAN slo_source={{plan.slo_source}}")
     if plan.spec.model.path != "embedded":
-        print(f"PLAN model_dir={{moeperf._model_dir(plan.spec)}}")
+        print(f"PLAN model_dir={{moeperf.model_dir(plan.spec)}}")
 """
 
 SPEC_NO_RUNS = SPEC.replace("runs: 1\n", "")
