@@ -186,6 +186,32 @@ def verdict(results: list[dict], rate: float) -> dict:  # type: ignore[type-arg]
     return {"confirmed": not problems and len(results) == 4, "problems": problems}
 
 
+def model_dir_of(spec) -> Path:  # type: ignore[no-untyped-def]
+    """The spec's model folder: the embedded model (generated once), else perf_tests/models/."""
+    from pytest_moeperf.server.embedded import EMBEDDED_NAME, ensure_embedded_model
+
+    loc = spec.model_location()
+    return ensure_embedded_model() if loc == EMBEDDED_NAME else ROOT / "perf_tests" / "models" / loc
+
+
+def warm_server(spec, factory, model_dir: Path, name: str):  # type: ignore[no-untyped-def]
+    """Start one server with the spec's flags through the plugin's launcher and warm it up as
+    the plugin does; returns (base URL, served model name, prompt vocabulary)."""
+    from pytest_moeperf.metrics.energy import NotMeasuredMeter
+    from pytest_moeperf.metrics.hardware import visible_gpus
+    from pytest_moeperf.run.driver import RunDriver, warm_levels
+    from pytest_moeperf.run.probe import Endpoint
+    from pytest_moeperf.run.record import vocab_size
+
+    server = factory(model_dir, spec.vllm_args(), name=name,
+                     served_model_name=spec.model.served_name, check_config=False)  # fmt: skip
+    vocab = vocab_size(model_dir)
+    drv = RunDriver(spec, spec.slo, NotMeasuredMeter("warm-up"), vocab, None, 60, 5,
+                    say=print, warm=warm_levels(spec, gpu=bool(visible_gpus())))  # fmt: skip
+    drv.warm_up(Endpoint(server.base_url, server.model_name), name)
+    return server.base_url, server.model_name, vocab
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spec", required=True)
@@ -196,12 +222,6 @@ def main() -> None:
     ap.add_argument("--bench-seconds", type=float, default=90)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    from pytest_moeperf.metrics.energy import NotMeasuredMeter
-    from pytest_moeperf.metrics.hardware import visible_gpus
-    from pytest_moeperf.run.driver import RunDriver, warm_levels
-    from pytest_moeperf.run.probe import Endpoint
-    from pytest_moeperf.run.record import vocab_size
-    from pytest_moeperf.server.embedded import EMBEDDED_NAME, ensure_embedded_model
     from pytest_moeperf.server.fixture import ServerFactory
     from pytest_moeperf.spec.loader import load_spec
 
@@ -209,11 +229,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     spec = load_spec(Path(a.spec))
     r0 = a.rate if a.rate is not None else boundary_rate(a.baseline)
-    loc = spec.model_location()
-    model_dir = (
-        ensure_embedded_model() if loc == EMBEDDED_NAME else ROOT / "perf_tests" / "models" / loc
-    )
-    gpu = bool(visible_gpus())
+    model_dir = model_dir_of(spec)
     factory = ServerFactory(out / "server", startup_timeout_s=900)
     results: list[dict] = []  # type: ignore[type-arg]
 
@@ -231,14 +247,7 @@ def main() -> None:
 
     try:
         (out / "server").mkdir(exist_ok=True)
-        server = factory(model_dir, spec.vllm_args(), name="long-run",
-                         served_model_name=spec.model.served_name,
-                         check_config=False)  # fmt: skip
-        url, served = server.base_url, server.model_name
-        vocab = vocab_size(model_dir)
-        drv = RunDriver(spec, spec.slo, NotMeasuredMeter("warm-up"), vocab, None, 60, 5,
-                        say=print, warm=warm_levels(spec, gpu=gpu))  # fmt: skip
-        drv.warm_up(Endpoint(url, served), "long-run check")
+        url, served, vocab = warm_server(spec, factory, model_dir, "long-run check")
         w = spec.workload
         for rate, kind in (
             (r0, "plugin"),

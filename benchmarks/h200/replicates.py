@@ -30,7 +30,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from long_run_check import plugin_run  # type: ignore[import-not-found]  # noqa: E402
+from long_run_check import (  # type: ignore[import-not-found]  # noqa: E402
+    model_dir_of,
+    plugin_run,
+    warm_server,
+)
 
 
 def gpu_state() -> dict[str, float] | None:
@@ -62,22 +66,14 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=6)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    from pytest_moeperf.metrics.energy import NotMeasuredMeter
-    from pytest_moeperf.metrics.hardware import visible_gpus
-    from pytest_moeperf.run.driver import RunDriver, warm_levels
-    from pytest_moeperf.run.probe import SEARCH_SCHEDULE, Endpoint
-    from pytest_moeperf.run.record import vocab_size
-    from pytest_moeperf.server.embedded import EMBEDDED_NAME, ensure_embedded_model
+    from pytest_moeperf.run.probe import SEARCH_SCHEDULE
     from pytest_moeperf.server.fixture import ServerFactory
     from pytest_moeperf.spec.loader import load_spec
 
     out = Path(a.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     spec = load_spec(Path(a.spec))
-    loc = spec.model_location()
-    model_dir = (
-        ensure_embedded_model() if loc == EMBEDDED_NAME else ROOT / "perf_tests" / "models" / loc
-    )
+    model_dir = model_dir_of(spec)
     factory = ServerFactory(out / "server", startup_timeout_s=900)
     rows: list[dict] = []  # type: ignore[type-arg]
 
@@ -88,14 +84,7 @@ def main() -> None:
 
     try:
         (out / "server").mkdir(exist_ok=True)
-        server = factory(model_dir, spec.vllm_args(), name="replicates",
-                         served_model_name=spec.model.served_name,
-                         check_config=False)  # fmt: skip
-        url, served = server.base_url, server.model_name
-        vocab = vocab_size(model_dir)
-        drv = RunDriver(spec, spec.slo, NotMeasuredMeter("warm-up"), vocab, None, 60, 5,
-                        say=print, warm=warm_levels(spec, gpu=bool(visible_gpus())))  # fmt: skip
-        drv.warm_up(Endpoint(url, served), "replicates")
+        url, served, vocab = warm_server(spec, factory, model_dir, "replicates")
         for i in range(2 * a.pairs):
             kind = "shared" if i % 2 == 0 else "fresh"
             before = gpu_state()
