@@ -284,7 +284,7 @@ def test_the_first_search_starts_at_half_the_warm_ups_throughput(
     assert all(c["rate_min"] == 1.0 for c in calls)  # the floor stays the spec's
     other = probe.Endpoint("http://127.0.0.1:2", "m")  # another server: not warmed here
     _fake_search(monkeypatch, [(20.0, 21.0)])
-    assert d._start.get(other.base_url) is None
+    assert d._warm.get(other.base_url) is None
 
 
 def test_a_probe_rerun_for_too_few_sends_does_not_lengthen_the_probes_after_it(

@@ -193,13 +193,11 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
     if ttft_trend is not None and ttft_trend.rising(rise_limit):
         reasons.append(f"TTFT rising: +{ttft_trend.growth * 1e3:.0f} ms over the window "
                        f"(limit {rise_limit * 1e3:.0f} ms)")  # fmt: skip
-    if unsure is not None and not reasons:  # rerun longer, as for a window too short
+    too_short = unsure is not None and not reasons  # rerun longer, as for a short window
+    if unsure is not None and too_short:
         reasons.append(unsure)
-        return SteadyCheck(False, True, tuple(reasons), length, len(sends), len(done), offered,
-                           completed, sys_trend, wait_trend, ttft_trend, bool(waiting),
-                           tuple(notes))  # fmt: skip
     return SteadyCheck(
-        steady=not reasons, too_short=False, reasons=tuple(reasons), window_s=length,
+        steady=not reasons, too_short=too_short, reasons=tuple(reasons), window_s=length,
         sends=len(sends),
         completions=len(done), offered_rps=offered, completed_rps=completed,
         in_system=sys_trend, waiting=wait_trend, ttft=ttft_trend,

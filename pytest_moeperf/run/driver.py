@@ -79,7 +79,6 @@ class RunDriver:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     _warm: dict[str, tuple[float, float | None, float | None]] = field(default_factory=dict)
-    _start: dict[str, float] = field(default_factory=dict)  # first search rate, per server
     _last_load: tuple[str, float] | None = None  # (server URL, when its last load ended)
 
     @property
@@ -113,23 +112,22 @@ class RunDriver:
             thr = float(fixed.get("request_throughput") or 0.0)
         at = f"concurrency {levels[0]}" if len(levels) == 1 else (
             f"concurrency {', '.join(map(str, levels))} in turn")  # fmt: skip
-        start = self.spec_rate_min
+        start, first = self.spec_rate_min, ""
         if self.fixed_concurrency is None and thr > 0:
+            why = "search.rate_min"
+            if WARM_START_FRACTION * thr > start:
+                start = WARM_START_FRACTION * thr
+                why = (f"{WARM_START_FRACTION:g} x the {thr:.3g} req/s finished at concurrency "
+                       f"{levels[-1]}")  # fmt: skip
             top = self.spec.search.rate_max if self.spec.search else None
-            start = min(max(start, WARM_START_FRACTION * thr), top or math.inf)
-            self._start[endpoint.base_url] = start
+            if top is not None and start > top:
+                start, why = top, why + ", capped at search.rate_max"
+            self._warm[endpoint.base_url] = (start, None, None)  # the first run's start
+            first = f"; the first search starts at {start:.3g} req/s ({why})"
         if len(levels) > 1:  # a GPU: then the open-loop pattern the probes use
             sent += self._open_loop(endpoint, start, math.ceil(start * WARM_OPEN_LOOP_S))
             at += f", then Poisson at {start:.3g} req/s for {WARM_OPEN_LOOP_S:g} s"
         self._last_load = (endpoint.base_url, self.clock())
-        first = ""
-        if endpoint.base_url in self._start:
-            first = (f"; the first search starts at {start:.3g} req/s ("
-                     + (f"{WARM_START_FRACTION:g} x the {thr:.3g} req/s finished at concurrency "
-                        f"{levels[-1]}" if start > self.spec_rate_min else "search.rate_min")
-                     + (", capped at search.rate_max" if start < WARM_START_FRACTION * thr
-                        and start > self.spec_rate_min else "")
-                     + ")")  # fmt: skip
         self.say(f"{label}: warmed up ({sent} requests at {at}, not measured){first}")
 
     def _open_loop(self, endpoint: Endpoint, rate: float, n: int) -> int:
@@ -196,8 +194,7 @@ class RunDriver:
                 f"(ttft p99 {_ms(s, 'ttft')}, tpot p99 {_ms(s, 'tpot')})"
             )
             return run
-        first = self._start.get(endpoint.base_url, self.spec_rate_min)
-        start, hint, span = self._warm.get(endpoint.base_url, (first, None, None))
+        start, hint, span = self._warm.get(endpoint.base_url, (self.spec_rate_min, None, None))
         run = self._search(endpoint, index, label, start, hint, span)
         assert run.search is not None
         lo, hi = run.search.bracket

@@ -213,14 +213,21 @@ def curve_miss(result: ProbeResult, slo: Slo) -> bool:
                                              for k, p in p99s.items())  # fmt: skip
 
 
-def headroom(result: ProbeResult, slo: Slo) -> float:
-    """min over SLO metrics of target / p99 (0 for +inf), consistent with ``result.met``."""
+def _min_ratio(result: ProbeResult, slo: Slo) -> float | None:
+    """min over SLO metrics of target / p99 (0 for +inf); None when no p99 was recorded."""
     limits = {"ttft": slo.ttft_p99_ms, "tpot": slo.tpot_p99_ms, "e2el": slo.e2el_p99_ms}
     ratios = [
         0.0 if math.isinf(p) else (limits[k] or 0.0) / max(p, 1e-9)
         for k, p in _p99s(result, slo).items()
     ]
-    h = min(ratios) if ratios else (2.0 if result.met else 0.0)
+    return min(ratios) if ratios else None
+
+
+def headroom(result: ProbeResult, slo: Slo) -> float:
+    """min over SLO metrics of target / p99 (0 for +inf), consistent with ``result.met``."""
+    h = _min_ratio(result, slo)
+    if h is None:
+        h = 2.0 if result.met else 0.0
     return max(h, 1.0) if result.met else min(h, 0.999)
 
 
@@ -236,13 +243,10 @@ def boundary_estimate(lo: ProbeResult, hi: ProbeResult | None, slo: Slo) -> floa
     """
     if hi is None or hi.aborted or not hi.rate > lo.rate:
         return lo.rate
-    limits = {"ttft": slo.ttft_p99_ms, "tpot": slo.tpot_p99_ms, "e2el": slo.e2el_p99_ms}
-    p_lo, p_hi = _p99s(lo, slo), _p99s(hi, slo)
-    if not p_lo or set(p_lo) != set(p_hi) or not all(map(math.isfinite, p_hi.values())):
+    if set(_p99s(lo, slo)) != set(_p99s(hi, slo)):
         return lo.rate
-    h_lo = min((limits[k] or 0.0) / max(p, 1e-9) for k, p in p_lo.items())
-    h_hi = min((limits[k] or 0.0) / max(p, 1e-9) for k, p in p_hi.items())
-    if not (h_lo >= 1.0 > h_hi > 0.0):
+    h_lo, h_hi = _min_ratio(lo, slo), _min_ratio(hi, slo)  # an infinite p99 gives 0
+    if h_lo is None or h_hi is None or not (h_lo >= 1.0 > h_hi > 0.0):
         return lo.rate
     t = math.log(h_lo) / (math.log(h_lo) - math.log(h_hi))
     return float(lo.rate * (hi.rate / lo.rate) ** t)
