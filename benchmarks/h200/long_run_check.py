@@ -186,12 +186,21 @@ def verdict(results: list[dict], rate: float) -> dict:  # type: ignore[type-arg]
     return {"confirmed": not problems and len(results) == 4, "problems": problems}
 
 
-def model_dir_of(spec) -> Path:  # type: ignore[no-untyped-def]
-    """The spec's model folder: the embedded model (generated once), else perf_tests/models/."""
+def prepare(spec_path: str, out_dir: str):  # type: ignore[no-untyped-def]
+    """The output folder (created), the spec, its model folder (the embedded model, generated
+    once, else perf_tests/models/) and a server factory writing its logs under the folder."""
     from pytest_moeperf.server.embedded import EMBEDDED_NAME, ensure_embedded_model
+    from pytest_moeperf.server.fixture import ServerFactory
+    from pytest_moeperf.spec.loader import load_spec
 
+    out = Path(out_dir).resolve()
+    (out / "server").mkdir(parents=True, exist_ok=True)
+    spec = load_spec(Path(spec_path))
     loc = spec.model_location()
-    return ensure_embedded_model() if loc == EMBEDDED_NAME else ROOT / "perf_tests" / "models" / loc
+    model_dir = (
+        ensure_embedded_model() if loc == EMBEDDED_NAME else ROOT / "perf_tests" / "models" / loc
+    )
+    return out, spec, model_dir, ServerFactory(out / "server", startup_timeout_s=900)
 
 
 def warm_server(spec, factory, model_dir: Path, name: str):  # type: ignore[no-untyped-def]
@@ -222,15 +231,8 @@ def main() -> None:
     ap.add_argument("--bench-seconds", type=float, default=90)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    from pytest_moeperf.server.fixture import ServerFactory
-    from pytest_moeperf.spec.loader import load_spec
-
-    out = Path(a.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    spec = load_spec(Path(a.spec))
+    out, spec, model_dir, factory = prepare(a.spec, a.out)
     r0 = a.rate if a.rate is not None else boundary_rate(a.baseline)
-    model_dir = model_dir_of(spec)
-    factory = ServerFactory(out / "server", startup_timeout_s=900)
     results: list[dict] = []  # type: ignore[type-arg]
 
     def save() -> None:
@@ -246,7 +248,6 @@ def main() -> None:
         (out / "long-run-check.json").write_text(json.dumps(doc, indent=1, default=str))
 
     try:
-        (out / "server").mkdir(exist_ok=True)
         url, served, vocab = warm_server(spec, factory, model_dir, "long-run check")
         w = spec.workload
         for rate, kind in (

@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from long_run_check import (  # type: ignore[import-not-found]  # noqa: E402
-    model_dir_of,
     plugin_run,
+    prepare,
     warm_server,
 )
 
@@ -67,14 +67,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     from pytest_moeperf.run.probe import SEARCH_SCHEDULE
-    from pytest_moeperf.server.fixture import ServerFactory
-    from pytest_moeperf.spec.loader import load_spec
 
-    out = Path(a.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    spec = load_spec(Path(a.spec))
-    model_dir = model_dir_of(spec)
-    factory = ServerFactory(out / "server", startup_timeout_s=900)
+    out, spec, model_dir, factory = prepare(a.spec, a.out)
     rows: list[dict] = []  # type: ignore[type-arg]
 
     def save() -> None:
@@ -83,7 +77,6 @@ def main() -> None:
         (out / "replicates.json").write_text(json.dumps(doc, indent=1, default=str))
 
     try:
-        (out / "server").mkdir(exist_ok=True)
         url, served, vocab = warm_server(spec, factory, model_dir, "replicates")
         for i in range(2 * a.pairs):
             kind = "shared" if i % 2 == 0 else "fresh"
