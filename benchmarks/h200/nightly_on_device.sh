@@ -1,29 +1,47 @@
 #!/bin/bash
-# The nightly's fixed tests on the lent H200 against the committed baselines, then the known
-# slowdown (the poor tiling, perf_tests/moe_configs/h200-poor) on the bf16 test, in a process
-# session of its own so that it outlives the device tool's 10-minute calls.
-#   start COMMIT   begin (after stage.sh has unpacked vLLM into /root/site)
-#   watch SECONDS  wait until both are done or SECONDS passed, then pack /root/moeperf-out into $OUT
-# Not /root/out: that is the device tool's $OUT, emptied before every call (a first run lost its
-# logs there). Baselines are judged from a copy in /root/moeperf-out/baselines: with the refresh flag a passing
-# test writes its own runs there (the second nightly as a file), the committed ones stay.
+# Device-side driver for the lent H200: a list of stages, run one after another in a process
+# session of its own, so that the work outlives the device tool's 10-minute calls.
+#   start COMMIT STAGE...  begin (after stage.sh has unpacked vLLM into /root/site)
+#   watch SECONDS          wait until every stage is done or SECONDS passed, then pack
+#                          /root/moeperf-out into $OUT (also when cut short: each stage writes
+#                          its results as it goes)
+# Stages:
+#   bf16 | fp8 | chat  one nightly test with --moeperf-refresh-baselines (3 runs), judged and
+#                      written in /root/moeperf-out/baselines (a copy of the committed folder)
+#   nightly            the whole nightly selection (every --gpu test but the A/B gate), refresh
+#   longrun            benchmarks/h200/long_run_check.py at the bf16 baseline's boundary R and 1.1 R
+#   slow               the known slowdown: the poor tiling (perf_tests/moe_configs/h200-poor) on
+#                      the bf16 spec, 2 runs recorded in slow-baselines/, then `moeperf compare`
+#                      of the bf16 baseline against it (the config hash keys it apart, so the
+#                      pytest run itself finds no baseline to judge)
+# Not /root/out: that is the device tool's $OUT, emptied before every call.
 set -u
 O=/root/moeperf-out
-case "${1:-}" in
-start)
-  mkdir -p "$O" && cp -r baselines "$O/baselines"
-  nvidia-smi -q > "$O/nvidia-smi-before.txt" 2>&1
-  MOEPERF_GIT_COMMIT="$2" setsid nohup bash "$0" body > "$O/driver.log" 2>&1 < /dev/null &
-  echo "started $(date -u +%T)" ;;
-body)
-  export PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
-  t0=$(date +%s)
-  python3 -X faulthandler -m pytest perf_tests/test_h200.py --gpu -k fixed -p no:cacheprovider -rA \
-    --moeperf-refresh-baselines --moeperf-reason "second nightly on a fresh H200" \
-    --moeperf-baseline-dir "$O/baselines" --moeperf-results "$O/results-nightly.json" \
-    --moeperf-report "$O/report-nightly" --junitxml "$O/junit-nightly.xml" > "$O/pytest-nightly.log" 2>&1
-  echo "nightly rc=$? wall_s=$(( $(date +%s) - t0 ))" >> "$O/state.txt"
-  cat > perf_tests/test_h200_slowdown.py <<'PY'
+env_run() {
+  PYTHONPATH=/root/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 "$@"
+}
+nightly_test() {  # name, pytest selection...
+  local name=$1; shift
+  env_run python3 -X faulthandler -m pytest "$@" --gpu -p no:cacheprovider -rA \
+    --moeperf-refresh-baselines --moeperf-reason "first H200 baselines of measurement v2" \
+    --moeperf-baseline-dir "$O/baselines" --moeperf-results "$O/results-$name.json" \
+    --moeperf-report "$O/report-$name" --junitxml "$O/junit-$name.xml" > "$O/pytest-$name.log" 2>&1
+}
+stage() {
+  local t0 rc; t0=$(date +%s)
+  echo "$1 begin $(date -u +%T)" >> "$O/state.txt"
+  case "$1" in
+  bf16) nightly_test bf16 perf_tests/test_h200.py::test_h200_fixed_in_tree ;;
+  fp8) nightly_test fp8 perf_tests/test_h200.py::test_h200_fixed_fp8_in_tree ;;
+  chat) nightly_test chat perf_tests/test_h200.py::test_h200_chat_mix_in_tree ;;
+  nightly) nightly_test nightly perf_tests -k "not moe_config_ab" ;;
+  longrun)
+    env_run python3 -X faulthandler benchmarks/h200/long_run_check.py \
+      --spec perf_tests/specs/h200-fixed-1024-128.yaml \
+      --baseline "$(ls "$O"/baselines/*test_h200_fixed_in_tree*/cuda-*.json | head -1)" \
+      --seconds 100 --bench-seconds 100 --out "$O/long-run" > "$O/long-run.log" 2>&1 ;;
+  slow)
+    cat > perf_tests/test_h200_slowdown.py <<'PY'
 import pytest
 
 @pytest.mark.moeperf_gpu
@@ -32,16 +50,40 @@ import pytest
 def test_h200_fixed_poor(moeperf) -> None:  # type: ignore[no-untyped-def]
     moeperf.run()
 PY
-  t0=$(date +%s)
-  python3 -X faulthandler -m pytest perf_tests/test_h200_slowdown.py --gpu -p no:cacheprovider -rA \
-    --moeperf-runs 2 --moeperf-refresh-baselines --moeperf-reason "known slowdown: poor tiling" \
-    --moeperf-baseline-dir "$O/slow-baselines" --moeperf-results "$O/results-slowdown.json" \
-    > "$O/pytest-slowdown.log" 2>&1
-  echo "slowdown rc=$? wall_s=$(( $(date +%s) - t0 ))" >> "$O/state.txt" ;;
+    env_run python3 -X faulthandler -m pytest perf_tests/test_h200_slowdown.py --gpu \
+      -p no:cacheprovider -rA --moeperf-runs 2 --moeperf-refresh-baselines \
+      --moeperf-reason "known slowdown: poor tiling" --moeperf-baseline-dir "$O/slow-baselines" \
+      --moeperf-results "$O/results-slow.json" > "$O/pytest-slow.log" 2>&1
+    env_run python3 -m pytest_moeperf.cli compare \
+      "$(ls "$O"/baselines/*test_h200_fixed_in_tree*/cuda-*.json | head -1)" \
+      "$(ls "$O"/slow-baselines/*/cuda-*.json | head -1)" > "$O/compare-slow.txt" 2>&1 ;;
+  esac
+  rc=$?
+  echo "$1 rc=$rc wall_s=$(( $(date +%s) - t0 )) end $(date -u +%T)" >> "$O/state.txt"
+}
+case "${1:-}" in
+start)
+  mkdir -p "$O" && cp -r baselines "$O/baselines"
+  nvidia-smi -q > "$O/nvidia-smi-before.txt" 2>&1
+  shift; commit=$1; shift
+  MOEPERF_GIT_COMMIT="$commit" setsid nohup bash "$0" body "$@" > "$O/driver.log" 2>&1 < /dev/null &
+  echo "started $(date -u +%T): $*" ;;
+body)
+  shift
+  (while sleep 15; do
+     nvidia-smi --query-gpu=timestamp,power.draw,clocks.sm,clocks.mem,temperature.gpu,memory.used \
+       --format=csv,noheader >> "$O/gpu-trace.csv" 2>&1
+   done) &
+  for s in "$@"; do stage "$s"; done
+  echo "all done $(date -u +%T)" >> "$O/state.txt" ;;
 watch)
   end=$(( $(date +%s) + $2 ))
-  while [ "$(date +%s)" -lt "$end" ] && ! grep -q slowdown "$O/state.txt" 2>/dev/null; do sleep 5; done
-  cat "$O/state.txt" 2>/dev/null; tail -5 "$O/pytest-nightly.log" "$O/pytest-slowdown.log" 2>/dev/null
+  while [ "$(date +%s)" -lt "$end" ] && ! grep -q "all done" "$O/state.txt" 2>/dev/null; do
+    sleep 5
+  done
+  cat "$O/state.txt" 2>/dev/null
+  tail -n 4 "$O"/pytest-*.log "$O/long-run.log" 2>/dev/null
+  grep -h "SLO boundary\|steady\|tokens a chunk" "$O"/pytest-*.log 2>/dev/null | tail -n 12
   nvidia-smi > "$O/nvidia-smi-now.txt" 2>&1
-  tar -C /root -czf "$OUT/out.tgz" moeperf-out; cp "$O"/*.json "$O"/*.log "$OUT"/ 2>/dev/null ;;
+  tar -C /root -czf "$OUT/out.tgz" moeperf-out ;;
 esac
