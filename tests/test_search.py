@@ -585,3 +585,20 @@ def test_a_probe_just_above_a_met_rate_runs_in_full() -> None:
         first_met_below = [m for m in met if m < rate]
         assert stopped is not (near and bool(first_met_below)), (rate, met, stops)
     assert any(not s for s in stops.values()) and any(stops.values())
+
+
+def test_a_noisy_rise_whose_slope_may_be_small_does_not_stop_the_probe() -> None:
+    """Seen on the H100 (2026-12-05): a 17.4 req/s probe stopped at "291 -> 566 ms median,
+    2,079 ms projected"; the next run met 17.4 (p99 508 ms) and 19.8 req/s. The point slope of a
+    noisy rise projects past the SLO, its lower confidence bound does not: the probe goes on."""
+    rate, rng = 17.4, random.Random(5)
+    noisy = [_rec(i, i / rate, 0.2 + 0.055 * i / rate + rng.expovariate(1 / 0.3))
+             for i in range(200)]  # fmt: skip
+    point = AbortPolicy(planned_requests=435, trend_confidence=0.5).make(SLO, rate=rate)
+    reason = point(noisy, 200 / rate)
+    assert reason is not None and reason.startswith("overload")  # the old rule stopped it
+    assert AbortPolicy(planned_requests=435).make(SLO, rate=rate)(noisy, 200 / rate) is None
+    steep = [_rec(i, i / rate, 0.2 + 0.1 * i / rate + rng.expovariate(1 / 0.1))
+             for i in range(200)]  # fmt: skip
+    reason = AbortPolicy(planned_requests=435).make(SLO, rate=rate)(steep, 200 / rate)
+    assert reason is not None and reason.startswith("overload")
