@@ -602,3 +602,13 @@ def test_a_noisy_rise_whose_slope_may_be_small_does_not_stop_the_probe() -> None
              for i in range(200)]  # fmt: skip
     reason = AbortPolicy(planned_requests=435).make(SLO, rate=rate)(steep, 200 / rate)
     assert reason is not None and reason.startswith("overload")
+
+
+def test_a_probe_line_names_preemptions_and_the_kv_cache_peak() -> None:
+    from pytest_moeperf.run.driver import _preempted_text
+
+    assert _preempted_text({"preemptions": 11, "max_kv_cache_usage": 0.9994}) == (
+        ", 11 preemptions (KV cache peak 100 %)")  # fmt: skip
+    assert _preempted_text({"preemptions": 3, "max_kv_cache_usage": None}) == ", 3 preemptions"
+    assert _preempted_text({"preemptions": 0, "max_kv_cache_usage": 0.5}) == ""
+    assert _preempted_text({"preemptions": None}) == "" and _preempted_text(None) == ""
