@@ -15,13 +15,11 @@ import pytest
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.load.records import RequestRecord, RunRecord
 from pytest_moeperf.metrics.summary import summarize
+from pytest_moeperf.run.abort import AbortCheck, AbortPolicy, certain_miss_count
 from pytest_moeperf.run.search import (
-    AbortCheck,
-    AbortPolicy,
     ProbeResult,
     SearchResult,
     boundary_estimate,
-    certain_miss_count,
     headroom,
     model_estimate,
     search_slo_boundary,

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from pytest_moeperf.run.abort import AbortCheck
 from pytest_moeperf.run.search import (
     HINTED_EXPAND_FACTOR,
-    AbortCheck,
     ProbeResult,
     SearchResult,
     curve_miss,
@@ -155,7 +155,7 @@ def _rec(i: int, send: float, ttft: float, e2el: float) -> Any:
 def test_the_fill_up_of_an_empty_server_is_no_overload() -> None:
     """TTFT 100 ms for the first 1.5 s (empty server), then a steady 500 ms: not a rising queue.
     Was: the line through the fill-up projected past the SLO and stopped 10-12 req/s probes."""
-    from pytest_moeperf.run.search import AbortPolicy
+    from pytest_moeperf.run.abort import AbortPolicy
 
     slo = Slo(ttft_p99_ms=1000.0, tpot_p99_ms=1000.0)
     recs = [_rec(i, i * 0.1, 0.1 if i * 0.1 < 1.5 else 0.5 + 0.01 * (i % 3), 1.5)

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 from pytest_moeperf.errors import MoePerfError, UsageError
 from pytest_moeperf.load.records import RequestRecord, RunRecord
 from pytest_moeperf.metrics.energy import EnergyMeter, EnergyReading
-from pytest_moeperf.run.search import AbortCheck, AbortPolicy, ProbeResult, SearchResult
+from pytest_moeperf.run.abort import AbortCheck, AbortPolicy
+from pytest_moeperf.run.search import ProbeResult, SearchResult
 from pytest_moeperf.spec.model import Slo, Spec
 
 if TYPE_CHECKING:
