@@ -325,3 +325,50 @@ def test_a_probe_rerun_for_too_few_sends_does_not_lengthen_the_probes_after_it(
     assert second.summary["n_requests"] == 48  # 16 req/s x 3 s, what 30 sends need there
     assert not second.summary.get("too_short_attempts")
     assert lines == [lines[0]] and "too short to judge" in lines[0]
+
+
+def test_a_later_probe_near_a_rate_that_was_rerun_starts_with_the_longer_span(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every probe replays one schedule, so a probe at a rate that was too short before comes
+    out too short again: a 2-core e2e run reran 8 probes, 4 of them at rates already rerun
+    (~15 s each). The runs of one server share ``longer_at``: the next run's probe at (or
+    within 10 % of) such a rate starts with the span the rerun needed and is not rerun."""
+    from pytest_moeperf.load import runner
+    from pytest_moeperf.load.records import RequestRecord, RunRecord
+
+    sizes: list[int] = []
+
+    def fake_load(url: str, model: str, requests: Any, **kw: Any) -> RunRecord:
+        sizes.append(len(requests))
+        recs = []
+        for r in requests:
+            times = [r.arrival_s + 0.05 + 0.005 * k for k in range(r.max_tokens)]
+            recs.append(RequestRecord(index=r.index, scheduled_s=r.arrival_s, send_s=r.arrival_s,
+                                      input_tokens=r.input_tokens, max_tokens=r.max_tokens,
+                                      first_token_s=times[0], end_s=times[-1],
+                                      output_tokens=len(times), token_times_s=times))  # fmt: skip
+        return RunRecord("poisson", kw["target"], 1.0, 0, recs[-1].end_s or 0.0, recs, 0.0)
+
+    monkeypatch.setattr(runner, "run_load", fake_load)
+    spec = _spec("search: {rate_min: 4, rate_max: 16, tolerance: 0.1, max_probes: 3, "
+                 "probe_requests: 10, probe_duration_s: 3}\n")  # fmt: skip
+    shared: dict[float, float] = {}
+
+    def one_run(start: float) -> list[Any]:
+        run = probe.measure_run(probe.Endpoint("http://127.0.0.1:1", "m"), spec, spec.slo,
+                                index=0, meter=NotMeasuredMeter("test"), vocab_size=1024,
+                                rate_min=4.0, probe_requests=10, max_probes=3, mbu_inputs=None,
+                                start_rate=start, longer_at=shared)  # fmt: skip
+        assert run.search is not None
+        return list(run.search.probes)
+
+    first = one_run(4.0)
+    assert first[0].summary["too_short_attempts"] and set(shared) == {4.0}
+    rerun_size = first[0].summary["n_requests"]
+    sizes.clear()
+    again = one_run(4.2)  # 5 % away from the rate that was rerun
+    assert again[0].rate == 4.2 and not again[0].summary.get("too_short_attempts")
+    assert sizes[0] >= round(rerun_size * 4.2 / 4.0) - 1  # the remembered span, not 3 s
+    assert probe.remembered_span(shared, 4.5) is None  # 12.5 % away: the spec's span
+    assert probe.remembered_span(None, 4.0) is None

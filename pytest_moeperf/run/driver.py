@@ -79,6 +79,8 @@ class RunDriver:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     _warm: dict[str, tuple[float, float | None, float | None]] = field(default_factory=dict)
+    #: per server: rate -> the longer send span a too-short probe there needed (measure_run)
+    _longer: dict[str, dict[float, float]] = field(default_factory=dict)
     _last_load: tuple[str, float] | None = None  # (server URL, when its last load ended)
 
     @property
@@ -254,6 +256,7 @@ class RunDriver:
             hint_hi=hint_hi,
             min_span_s=span,
             say=self.say,
+            longer_at=self._longer.setdefault(endpoint.base_url, {}),
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -138,12 +138,17 @@ def measure_run(
     on_probe_start: Callable[[int, float], None] | None = None,
     start_rate: float | None = None, hint_hi: float | None = None,
     min_span_s: float | None = None, say: Callable[[str], None] | None = None,
+    longer_at: dict[float, float] | None = None,
 ) -> RunMeasurement:  # fmt: skip
     """One search; ``on_probe_start(probe_number, rate)`` is called before each probe's load.
 
     ``start_rate`` / ``hint_hi`` carry an earlier run's bracket (see ``search_slo_boundary``);
     ``min_span_s`` an earlier run's probe length. A probe too short to judge a steady state is
-    run again, longer, at the same rate (``MAX_EXTENSIONS`` times at most).
+    run again, longer, at the same rate (``MAX_EXTENSIONS`` times at most). ``longer_at``
+    (rate -> send span, shared by the runs of one server and updated here) remembers the spans
+    such reruns needed: a later probe within ``NEAR_RATE`` of such a rate starts that long.
+    Every probe replays one schedule, so the same rate would come out too short again (a
+    2-core e2e run reran 8 probes, 4 of them at rates already rerun, ~15 s each).
     """
     from pytest_moeperf.run.search import search_slo_boundary
 
@@ -161,7 +166,7 @@ def measure_run(
         """A probe, rerun longer while too short to judge; the discarded loads are listed in
         the kept probe's summary (``too_short_attempts``), not as probes of their own."""
         discarded: list[dict[str, Any]] = []
-        result, longer = None, None
+        result, longer = None, remembered_span(longer_at, rate)
         for attempt in range(MAX_EXTENSIONS + 1):
             if discarded:
                 energy.pop()
@@ -178,6 +183,8 @@ def measure_run(
                               "reason": result.reason})  # fmt: skip
             here, everywhere = needed
             longer = max(here, 1.5 * _send_span_of(size(rate, longer), rate))
+            if longer_at is not None:
+                longer_at[rate] = max(longer_at.get(rate, 0.0), longer)
             # what latency asks for holds at every rate; what a count of sends asks for only
             # here (at 4 req/s, 30 sends took 16 s, and every later probe paid 16 s at 15 req/s)
             span["s"] = max(span["s"] or 0.0, everywhere) or None
@@ -261,6 +268,14 @@ def measure_run(
 
 #: Reruns of a probe that was too short to judge, each longer than the last.
 MAX_EXTENSIONS = 2
+#: A rerun's longer span carries to later probes at rates within this relative distance.
+NEAR_RATE = 0.1
+
+
+def remembered_span(longer_at: Mapping[float, float] | None, rate: float) -> float | None:
+    """The longest span that a probe within ``NEAR_RATE`` of ``rate`` needed, if any."""
+    spans = [s for r, s in (longer_at or {}).items() if abs(r - rate) <= NEAR_RATE * rate]
+    return max(spans) if spans else None
 
 
 def _send_span_of(n: int, rate: float) -> float:
