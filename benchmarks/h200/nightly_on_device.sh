@@ -57,6 +57,20 @@ PY
     env_run python3 -m pytest_moeperf.cli compare \
       "$(ls "$O"/baselines/*test_h200_fixed_in_tree*/cuda-*.json | head -1)" \
       "$(ls "$O"/slow-baselines/*/cuda-*.json | head -1)" > "$O/compare-slow.txt" 2>&1 ;;
+  kernels)
+    local K="$O/kernels" base
+    base=/root/site/vllm/model_executor/layers/fused_moe/configs/E=128,N=768,device_name=NVIDIA_H200.json
+    mkdir -p "$K/cases"
+    cp "$base" "$K/in-tree.json"
+    cp perf_tests/moe_configs/h200-poor/*.json "$K/cases/poor.json"
+    { env_run python3 benchmarks/h200/perm_kernels.py --make-cases "$K/cases" --base "$base" &&
+      env_run python3 -X faulthandler benchmarks/h200/perm_kernels.py --base "$base" \
+        --head "$K/cases/large-M-worse.json" --head "$K/cases/one-middle-key-worse.json" \
+        --head "$K/cases/reordered.json" --head "$K/cases/poor.json" --budget-s 25 \
+        --dtype bf16 --out "$K/bf16" &&
+      env_run python3 -X faulthandler benchmarks/h200/perm_kernels.py --base "$base" \
+        --head "$K/cases/large-M-worse.json" --budget-s 25 --dtype fp8_w8a8 --out "$K/fp8"
+    } > "$O/kernels.log" 2>&1 ;;
   esac
   rc=$?
   echo "$1 rc=$rc wall_s=$(( $(date +%s) - t0 )) end $(date -u +%T)" >> "$O/state.txt"
@@ -82,7 +96,7 @@ watch)
     sleep 5
   done
   cat "$O/state.txt" 2>/dev/null
-  tail -n 4 "$O"/pytest-*.log "$O/long-run.log" 2>/dev/null
+  tail -n 4 "$O"/pytest-*.log "$O/long-run.log" "$O/kernels.log" 2>/dev/null
   grep -h "SLO boundary\|steady\|tokens a chunk" "$O"/pytest-*.log 2>/dev/null | tail -n 12
   nvidia-smi > "$O/nvidia-smi-now.txt" 2>&1
   tar -C /root -czf "$OUT/out.tgz" moeperf-out ;;

@@ -135,7 +135,11 @@ def perm_table(
     if merged is not None:
         heads = [m for m, s in merged.chosen.items() if s == "head"]
         if merged.same_as_base:
-            out.append("- best of both: base unchanged (head is faster at no timed M)")
+            lost = sorted(m for ms in faster.values() for m in ms)
+            why = (f"head is faster only at M={', '.join(map(str, lost))}, which no merged key "
+                   "can serve with head's tiling (below)" if lost
+                   else "head is faster at no timed M")  # fmt: skip
+            out.append(f"- best of both: base unchanged ({why})")
         else:
             out.append(
                 f"- best of both: head's tiling at M={', '.join(map(str, heads))}, base's elsewhere"
