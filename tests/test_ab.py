@@ -255,11 +255,24 @@ def test_markdown_summary_says_what_a_reviewer_needs() -> None:
     assert "| 4 | 300.0 | 240.0 | -20.0 % |" in text
     assert "Reproduce: `pytest perf_tests -k moe_config_ab`" in text
     assert "note: output_tok_s inconclusive: example" in text
+    assert ("Per-M kernel A/B: skipped: the vLLM CPU backend has no fused-MoE Triton kernels "
+            "to time.") in text  # fmt: skip
 
 
 def test_markdown_summary_without_control_or_cpu_note() -> None:
     text = markdown_summary(_outcome(control=False, backend="cuda"), "pytest x")
     assert "A/A control" not in text and "CPU backend" not in text
+    # a cuda backend on a machine without a GPU (this test): the harness's own reason
+    assert "Per-M kernel A/B: skipped: no CUDA device" in text or "torch is not" in text
+
+
+def test_the_kernel_line_on_a_gpu_says_how_to_run_the_per_m_ab() -> None:
+    from pytest_moeperf.ab.summary import kernel_line
+
+    line = kernel_line("cuda", reason="")
+    assert "not run by the gate yet" in line and "benchmarks/h200/perm_kernels.py" in line
+    assert kernel_line("cuda", reason="no CUDA device") == (
+        "Per-M kernel A/B: skipped: no CUDA device.")  # fmt: skip
 
 
 def test_tiling_lines_show_which_m_values_change() -> None:

@@ -54,5 +54,6 @@ def test_tutorial_runs_as_written(tutorial_checkout: tuple[Path, Any]) -> None:
     assert "MoE config gate: `E=16,N=128,device_name=NVIDIA_H200.json`" in third.stdout
     assert "reads no fused-MoE config files" in third.stdout
     assert "A/A control" in third.stdout and "| 16 |" in third.stdout
+    assert "Per-M kernel A/B: skipped: the vLLM CPU backend" in third.stdout
     sides = {r["ab"]["side"] for r in json.loads(results.read_text())["results"]}
     assert sides == {"base", "head", "control"}

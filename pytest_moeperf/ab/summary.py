@@ -191,10 +191,32 @@ def markdown_summary(out: AbOutcome, command: str) -> str:
         *tiling_lines(out),
         "```",
     ]
+    lines += ["", kernel_line(out.env.backend)]
     if out.warnings:
         lines += ["", *(f"- note: {w}" for w in out.warnings)]
     lines += ["", f"Reproduce: `{command}`", ""]
     return "\n".join(lines)
+
+
+def kernel_line(backend: str, reason: str | None = None) -> str:
+    """The per-M kernel A/B's line: why it was skipped here, or how to run it on this GPU.
+
+    The gate does not time kernels itself yet: in its process the timing would hold a CUDA
+    context beside the two live servers. ``reason`` defaults to ``kernel_bench.skip_reason()``.
+    """
+    if reason is None and backend != "cpu":
+        from pytest_moeperf.ab.kernel_bench import skip_reason
+
+        reason = skip_reason()
+    if backend == "cpu":
+        reason = reason or "the vLLM CPU backend has no fused-MoE Triton kernels to time"
+    if reason:
+        return f"Per-M kernel A/B: skipped: {reason}."
+    return (
+        "Per-M kernel A/B (which keys moved, numerics, a best-of-both file): not run by the "
+        "gate yet; on this GPU, `python benchmarks/h200/perm_kernels.py --base BASE.json "
+        "--head HEAD.json --dtype bf16 --out moeperf-results/perm` (docs/ab-gate.md)."
+    )
 
 
 def _order_text(order: Sequence[tuple[str, int]], limit: int = 8) -> str:
