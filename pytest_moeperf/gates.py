@@ -16,6 +16,7 @@ from pytest_moeperf.baseline import Baseline, BaselineKey, BaselineStore, Proven
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.markers import AccuracyGate
 from pytest_moeperf.verdict import Verdict
+from pytest_moeperf.verdict.server_cost import server_cost_notes
 
 REFRESH_HINT = "pytest {target} --moeperf-refresh-baselines --moeperf-reason '...'"
 
@@ -105,6 +106,7 @@ def compare(
             out.failures.append(f"{v.metric} regressed vs baseline: {v.reason}")
         elif v.outcome == "inconclusive" and v.gating:
             out.warnings.append(f"{v.metric} inconclusive: {v.reason}; {v.advice}")
+    out.warnings += server_cost_notes(baseline.runs, candidate_runs)
     if accuracy is not None and accuracy_gate is not None:
         out.accuracy = _accuracy_verdict(baseline, accuracy, accuracy_gate, path, out)
     return out

@@ -78,6 +78,42 @@ def test_same_numbers_are_unchanged_and_pass(tmp_path: Path) -> None:
     assert out.baseline is not None and out.baseline.metrics == runs()
 
 
+def test_a_candidate_with_prefix_cache_hits_unlike_the_baseline_says_so(tmp_path: Path) -> None:
+    """Same figures, but the candidate's boundary probes hit the prefix cache (a spec with the
+    cache on and repeated prompts): the comparison passes and says the work was not the same."""
+    store = BaselineStore(tmp_path)
+    base_runs = [
+        {
+            "boundary_rate": 10.0,
+            "probes": [
+                {
+                    "rate": 10.0,
+                    "met": True,
+                    "summary": {
+                        "server": {
+                            "available": True,
+                            "prefix_cache_hit_rate": 0.0,
+                            "preemptions": 0,
+                        }
+                    },
+                }
+            ],
+        }
+    ]
+    base = Baseline(TEST_ID, make_key(), runs(), base_runs * 10, PROV)
+    store.write(base, complete=True)
+    hot = json.loads(
+        json.dumps(base_runs).replace(
+            '"prefix_cache_hit_rate": 0.0', '"prefix_cache_hit_rate": 0.9'
+        )
+    )
+    out = compare(store, runs(), candidate_runs=hot * 10)
+    assert out.failures == []
+    (note,) = out.warnings
+    assert "prefix-cache hit rate at the boundary differs: baseline 0 %, this run 90 %" in note
+    assert compare(store, runs(), candidate_runs=base_runs * 10).warnings == []
+
+
 def test_a_30_percent_drop_fails_naming_the_metric(tmp_path: Path) -> None:
     """Goodput down 30 % and TTFT up 30 %: both regressions become failures, each naming its
     metric; the informational power metric is judged but never fails."""

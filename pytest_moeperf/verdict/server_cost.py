@@ -1,0 +1,64 @@
+"""Whether two sets of runs asked the server for the same work: prefix-cache hits, preemptions.
+
+Two runs of one spec can differ in cost without any kernel changing: a prompt found in vLLM's
+prefix cache skips its prefill, and a preempted request is computed again. Every probe records
+the server's counters over it (``summary.server``, from ``/metrics``); a comparison reads them at
+each run's boundary probe and says so when the two sides differ, so a delta is not read as a
+kernel's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: Hit rates further apart than this (absolute share of prompt tokens) make the note.
+HIT_RATE_GAP = 0.05
+
+
+def boundary_server_stats(run: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``summary.server`` of the met probe at the run's boundary rate, if recorded."""
+    rate = run.get("boundary_rate")
+    for p in run.get("probes") or ():
+        if isinstance(p, Mapping) and p.get("met") and p.get("rate") == rate:
+            server = (p.get("summary") or {}).get("server")
+            if isinstance(server, Mapping) and server.get("available"):
+                return server
+    return None
+
+
+def _values(runs: Sequence[Mapping[str, Any]], name: str) -> list[float]:
+    out = []
+    for run in runs:
+        s = boundary_server_stats(run)
+        v = s.get(name) if s is not None else None
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            out.append(float(v))
+    return out
+
+
+def server_cost_notes(
+    baseline_runs: Sequence[Mapping[str, Any]], candidate_runs: Sequence[Mapping[str, Any]]
+) -> list[str]:
+    """Notes for the verdict: the boundary probes' prefix-cache hit rates differ by more than
+    ``HIT_RATE_GAP``, or one side preempted there and the other did not. Empty when either side
+    recorded nothing (older baselines, fixed-load runs, an external server without metrics)."""
+    notes: list[str] = []
+    hb, hc = _values(baseline_runs, "prefix_cache_hit_rate"), _values(
+        candidate_runs, "prefix_cache_hit_rate")  # fmt: skip
+    if hb and hc:
+        mb, mc = sum(hb) / len(hb), sum(hc) / len(hc)
+        if abs(mb - mc) > HIT_RATE_GAP:
+            notes.append(
+                f"prefix-cache hit rate at the boundary differs: baseline {100 * mb:.0f} %, "
+                f"this run {100 * mc:.0f} %: a cached prompt skips its prefill, so the two did "
+                "not serve the same work (the spec's model.prefix_caching turns the cache off)"
+            )
+    pb, pc = _values(baseline_runs, "preemptions"), _values(candidate_runs, "preemptions")
+    if pb and pc and (sum(pb) > 0) != (sum(pc) > 0):
+        notes.append(
+            f"preemptions at the boundary: baseline {sum(pb):.0f}, this run {sum(pc):.0f} over "
+            f"{len(pb)} and {len(pc)} runs: where the KV cache is full the boundary is its "
+            "capacity, not the kernels' speed"
+        )
+    return notes
