@@ -287,6 +287,20 @@ def test_the_first_search_starts_at_half_the_warm_ups_throughput(
     assert d._warm.get(other.base_url) is None
 
 
+def _simulated_load(url: str, model: str, requests: Any, **kw: Any) -> Any:
+    """Each request answered 50 ms after its send, 8 tokens 5 ms apart: exact probe sizes."""
+    from pytest_moeperf.load.records import RequestRecord, RunRecord
+
+    recs = []
+    for r in requests:
+        times = [r.arrival_s + 0.05 + 0.005 * k for k in range(r.max_tokens)]
+        recs.append(RequestRecord(index=r.index, scheduled_s=r.arrival_s, send_s=r.arrival_s,
+                                  input_tokens=r.input_tokens, max_tokens=r.max_tokens,
+                                  first_token_s=times[0], end_s=times[-1],
+                                  output_tokens=len(times), token_times_s=times))  # fmt: skip
+    return RunRecord("poisson", kw["target"], 1.0, 0, recs[-1].end_s or 0.0, recs, 0.0)
+
+
 def test_a_probe_rerun_for_too_few_sends_does_not_lengthen_the_probes_after_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -296,19 +310,8 @@ def test_a_probe_rerun_for_too_few_sends_does_not_lengthen_the_probes_after_it(
     the session 16 s long, 240 requests at 15 req/s. The load is simulated (each request
     answered 50 ms after its send, 8 tokens 5 ms apart), so the sizes are exact."""
     from pytest_moeperf.load import runner
-    from pytest_moeperf.load.records import RequestRecord, RunRecord
 
-    def fake_load(url: str, model: str, requests: Any, **kw: Any) -> RunRecord:
-        recs = []
-        for r in requests:
-            times = [r.arrival_s + 0.05 + 0.005 * k for k in range(r.max_tokens)]
-            recs.append(RequestRecord(index=r.index, scheduled_s=r.arrival_s, send_s=r.arrival_s,
-                                      input_tokens=r.input_tokens, max_tokens=r.max_tokens,
-                                      first_token_s=times[0], end_s=times[-1],
-                                      output_tokens=len(times), token_times_s=times))  # fmt: skip
-        return RunRecord("poisson", kw["target"], 1.0, 0, recs[-1].end_s or 0.0, recs, 0.0)
-
-    monkeypatch.setattr(runner, "run_load", fake_load)
+    monkeypatch.setattr(runner, "run_load", _simulated_load)
     spec = _spec("search: {rate_min: 4, rate_max: 16, tolerance: 0.1, max_probes: 3, "
                  "probe_requests: 10, probe_duration_s: 3}\n")  # fmt: skip
     lines: list[str] = []
@@ -335,20 +338,12 @@ def test_a_later_probe_near_a_rate_that_was_rerun_starts_with_the_longer_span(
     (~15 s each). The runs of one server share ``longer_at``: the next run's probe at (or
     within 10 % of) such a rate starts with the span the rerun needed and is not rerun."""
     from pytest_moeperf.load import runner
-    from pytest_moeperf.load.records import RequestRecord, RunRecord
 
     sizes: list[int] = []
 
-    def fake_load(url: str, model: str, requests: Any, **kw: Any) -> RunRecord:
+    def fake_load(url: str, model: str, requests: Any, **kw: Any) -> Any:
         sizes.append(len(requests))
-        recs = []
-        for r in requests:
-            times = [r.arrival_s + 0.05 + 0.005 * k for k in range(r.max_tokens)]
-            recs.append(RequestRecord(index=r.index, scheduled_s=r.arrival_s, send_s=r.arrival_s,
-                                      input_tokens=r.input_tokens, max_tokens=r.max_tokens,
-                                      first_token_s=times[0], end_s=times[-1],
-                                      output_tokens=len(times), token_times_s=times))  # fmt: skip
-        return RunRecord("poisson", kw["target"], 1.0, 0, recs[-1].end_s or 0.0, recs, 0.0)
+        return _simulated_load(url, model, requests, **kw)
 
     monkeypatch.setattr(runner, "run_load", fake_load)
     spec = _spec("search: {rate_min: 4, rate_max: 16, tolerance: 0.1, max_probes: 3, "
