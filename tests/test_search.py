@@ -610,3 +610,11 @@ def test_a_probe_line_names_preemptions_and_the_kv_cache_peak() -> None:
     assert _preempted_text({"preemptions": 3, "max_kv_cache_usage": None}) == ", 3 preemptions"
     assert _preempted_text({"preemptions": 0, "max_kv_cache_usage": 0.5}) == ""
     assert _preempted_text({"preemptions": None}) == "" and _preempted_text(None) == ""
+
+
+def test_a_probe_line_names_a_client_that_sent_late() -> None:
+    from pytest_moeperf.run.driver import _lag_text
+
+    assert _lag_text(1239.1, 2000.0) == ", client sent p99 1239 ms late"
+    assert _lag_text(2.1, 2000.0) == ""  # the H100's long run: on schedule
+    assert _lag_text(float("nan"), 2000.0) == "" and _lag_text(None, 2000.0) == ""
