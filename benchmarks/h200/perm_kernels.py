@@ -42,8 +42,10 @@ from pytest_moeperf.ab.kernel_bench import (  # noqa: E402
 )
 from pytest_moeperf.ab.perm_report import check_numerics, perm_rows, perm_table  # noqa: E402
 from pytest_moeperf.errors import UsageError  # noqa: E402
+from pytest_moeperf.moeconfig.naming import moe_section, moe_shard  # noqa: E402
 from pytest_moeperf.moeconfig.perm import compare_all, config_keys  # noqa: E402
 from pytest_moeperf.moeconfig.perm_merge import Merged, best_of_both, predicted_gain  # noqa: E402
+from pytest_moeperf.moeconfig.validate import load_config as validate_config  # noqa: E402
 
 DEFAULT_SHAPE = ROOT / "perf_tests" / "models" / "qwen3-30b-a3b-shape"
 #: A deliberately poor tiling for a large M: tiny tiles, no grouping, shallow pipeline.
@@ -53,13 +55,11 @@ CASES = ("large-M-worse", "one-middle-key-worse", "reordered")
 
 
 def load_config(path: Path) -> dict[str, Any]:
-    """A config file as vLLM reads it (json.load keeps file order, which breaks ties)."""
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise UsageError(str(path), "file", str(path), f"unreadable: {e}", "pass JSON") from e
-    if not isinstance(config, dict):
-        raise UsageError(str(path), "top level", type(config).__name__, "not an object", "fix it")
+    """A config file as vLLM reads it: the raw dict, string keys in file order (which breaks
+    ties), after the project's own checks of the file (``moeconfig.validate.load_config``:
+    UTF-8, JSON, every tiling's fields, errors that name the file and line)."""
+    validate_config(path)
+    config: dict[str, Any] = json.loads(path.read_text())
     config_keys(config, str(path))
     return config
 
@@ -67,20 +67,17 @@ def load_config(path: Path) -> dict[str, Any]:
 def shape_from_config(
     cfg: Mapping[str, Any], dtype: str = "bf16", tp: int = 1, source: str = "config.json"
 ) -> MoeShape:
-    """The MoE layer of a Hugging Face config: Qwen-MoE names first, Mixtral's as fallback."""
+    """The MoE layer of a Hugging Face config on one GPU: E and N as vLLM's config file name
+    has them (``moe_shard``, which knows each model family's field names), hidden size, top-k."""
+    experts, n = moe_shard(cfg, tp=tp, source=source)
+    section = moe_section(cfg)  # multimodal MoE models keep these under text_config
 
-    def get(*names: str) -> Any:
-        for name in names:
-            if name in cfg:
-                return cfg[name]
-        raise UsageError(source, " or ".join(names), None, "missing", "pass a MoE model's config")
+    def get(name: str) -> Any:
+        if name not in section:
+            raise UsageError(source, name, None, "missing", "pass a MoE model's config")
+        return section[name]
 
-    inter = get("moe_intermediate_size", "intermediate_size")
-    if not (isinstance(tp, int) and isinstance(inter, int) and tp >= 1 and inter % tp == 0):
-        why = f"must divide the intermediate size {inter!r}"
-        raise UsageError(source, "tp", tp, why, "use a TP that divides it, or 1")
-    experts = get("num_experts", "num_local_experts", "n_routed_experts")
-    return MoeShape(experts, inter // tp, get("hidden_size"), get("num_experts_per_tok"), dtype)
+    return MoeShape(experts, n, get("hidden_size"), get("num_experts_per_tok"), dtype)
 
 
 def read_shape(folder: Path, dtype: str, tp: int = 1) -> MoeShape:

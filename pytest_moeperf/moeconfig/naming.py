@@ -145,7 +145,7 @@ def normalize_device_name(raw: str) -> str:
     return name
 
 
-def _moe_section(model_config: Mapping[str, Any]) -> Mapping[str, Any]:
+def moe_section(model_config: Mapping[str, Any]) -> Mapping[str, Any]:
     """Multimodal MoE models (Qwen3-VL-MoE, Llama 4) keep the MoE fields under text_config."""
     if any(k in model_config for k, _ in _EXPERT_KEYS):
         return model_config
@@ -175,16 +175,34 @@ def expected_config_name(
 ) -> MoeConfigName:
     """Predict the config file vLLM looks up for a HF ``config.json`` dict.
 
+    ``E`` and ``N`` are one GPU's (``moe_shard``). ``dtype`` is vLLM's selector: None for
+    bf16/fp16, "fp8_w8a8", "int8_w8a16", "int4_w4a16", ...
+    """
+    experts, n = moe_shard(model_config, tp=tp, dp=dp, ep=ep,
+                           num_redundant_experts=num_redundant_experts, source=source)  # fmt: skip
+    return MoeConfigName(experts, n, normalize_device_name(device_name), dtype, block_shape)
+
+
+def moe_shard(
+    model_config: Mapping[str, Any],
+    *,
+    tp: int = 1,
+    dp: int = 1,
+    ep: bool = False,
+    num_redundant_experts: int = 0,
+    source: str = "model config.json",
+) -> tuple[int, int]:
+    """(E, N) of the MoE layer on one GPU, as vLLM's fused-MoE kernel sees it.
+
     Mirrors ``FusedMoEParallelConfig.make``: the MoE layer's TP size is ``tp * dp``; with
     ``ep`` (``--enable-expert-parallel``) that product becomes the EP size instead, so experts
     are split (E = experts // ep_size, rank 0 gets one more when it does not divide) and N stays
     unsharded. ``N`` is the per-shard intermediate size I/tp (vLLM reads it from w2's shape, not
     from w1's 2*I); for int4_w4a16 vLLM doubles the packed N back to the same number.
-    ``dtype`` is vLLM's selector: None for bf16/fp16, "fp8_w8a8", "int8_w8a16", "int4_w4a16", ...
     """
     tp = _positive_int(tp, source, "tp", "pass the --tensor-parallel-size the server runs with")
     dp = _positive_int(dp, source, "dp", "pass the --data-parallel-size the server runs with")
-    section = _moe_section(model_config)
+    section = moe_section(model_config)
     experts_key = next((k for k, _ in _EXPERT_KEYS if k in section), None)
     if experts_key is None:
         raise UsageError(
@@ -218,7 +236,6 @@ def expected_config_name(
             "pass the EPLB --num-redundant-experts value (0 without EPLB)",
         )
     moe_tp = tp * dp
-    dev = normalize_device_name(device_name)
     if num_redundant_experts and not (ep and moe_tp > 1):
         raise UsageError(
             source,
@@ -230,7 +247,7 @@ def expected_config_name(
     if ep and moe_tp > 1:
         total = experts + num_redundant_experts
         local = total // moe_tp + (1 if total % moe_tp else 0)  # rank 0 of an uneven split
-        return MoeConfigName(local, inter, dev, dtype, block_shape)
+        return local, inter
     if inter % moe_tp:
         raise UsageError(
             source,
@@ -239,4 +256,4 @@ def expected_config_name(
             f"not divisible by the MoE tensor-parallel size {moe_tp} (tp={tp} x dp={dp})",
             "use a tp/dp whose product divides the intermediate size, or enable expert parallel",
         )
-    return MoeConfigName(experts, inter // moe_tp, dev, dtype, block_shape)
+    return experts, inter // moe_tp
