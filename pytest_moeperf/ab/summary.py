@@ -204,12 +204,12 @@ def kernel_line(backend: str, reason: str | None = None) -> str:
     The gate does not time kernels itself yet: in its process the timing would hold a CUDA
     context beside the two live servers. ``reason`` defaults to ``kernel_bench.skip_reason()``.
     """
-    if reason is None and backend != "cpu":
+    if backend == "cpu":
+        reason = reason or "the vLLM CPU backend has no fused-MoE Triton kernels to time"
+    elif reason is None:
         from pytest_moeperf.ab.kernel_bench import skip_reason
 
         reason = skip_reason()
-    if backend == "cpu":
-        reason = reason or "the vLLM CPU backend has no fused-MoE Triton kernels to time"
     if reason:
         return f"Per-M kernel A/B: skipped: {reason}."
     return (

@@ -44,8 +44,8 @@ def server_cost_notes(
     ``HIT_RATE_GAP``, or one side preempted there and the other did not. Empty when either side
     recorded nothing (older baselines, fixed-load runs, an external server without metrics)."""
     notes: list[str] = []
-    hb, hc = _values(baseline_runs, "prefix_cache_hit_rate"), _values(
-        candidate_runs, "prefix_cache_hit_rate")  # fmt: skip
+    hb = _values(baseline_runs, "prefix_cache_hit_rate")
+    hc = _values(candidate_runs, "prefix_cache_hit_rate")
     if hb and hc:
         mb, mc = sum(hb) / len(hb), sum(hc) / len(hc)
         if abs(mb - mc) > HIT_RATE_GAP:
