@@ -257,6 +257,18 @@ def test_markdown_summary_says_what_a_reviewer_needs() -> None:
     assert "note: output_tok_s inconclusive: example" in text
     assert ("Per-M kernel A/B: skipped: the vLLM CPU backend has no fused-MoE Triton kernels "
             "to time.") in text  # fmt: skip
+    assert "Output equivalence" not in text  # not measured: no line
+
+
+def test_markdown_summary_carries_the_output_equivalence_line() -> None:
+    from pytest_moeperf.ab.equivalence import Greedy, compare, judge
+
+    out = _outcome(control=True)
+    same = [Greedy((1, 2), (-0.1, -0.2), ({1: -0.1}, {2: -0.2}))]
+    out.equivalence = judge(compare(same, same, "head"), compare(same, same, "control"))
+    text = markdown_summary(out, "pytest x")
+    line = "Output equivalence (greedy, 8 prompts x 32 tokens, batch 1): pass. Head: 2/2 tokens"
+    assert f"{line} agree, max |Δ logprob| 0 nats; A/A control: 2/2 tokens agree" in text
 
 
 def test_markdown_summary_without_control_or_cpu_note() -> None:

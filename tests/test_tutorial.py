@@ -55,5 +55,8 @@ def test_tutorial_runs_as_written(tutorial_checkout: tuple[Path, Any]) -> None:
     assert "reads no fused-MoE config files" in third.stdout
     assert "A/A control" in third.stdout and "| 16 |" in third.stdout
     assert "Per-M kernel A/B: skipped: the vLLM CPU backend" in third.stdout
+    # the same weights and kernels on every side: greedy outputs equal, token for token
+    assert "Output equivalence (greedy, 8 prompts x 32 tokens, batch 1): pass." in third.stdout
+    assert "Head: 256/256 tokens agree" in third.stdout
     sides = {r["ab"]["side"] for r in json.loads(results.read_text())["results"]}
     assert sides == {"base", "head", "control"}

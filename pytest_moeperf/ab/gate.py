@@ -67,6 +67,8 @@ class AbOutcome:
     partial: str | None = None
     hygiene: dict[str, Any] | None = None
     control_base: list[RunMeasurement] = field(default_factory=list)  # base runs of the A/A
+    greedy: dict[str, Any] = field(default_factory=dict)  # side -> [Greedy] (equivalence.py)
+    equivalence: Any = None  # equivalence.Equivalence, once judged
 
 
 class AbTest:
@@ -164,17 +166,35 @@ class AbTest:
             run_interleaved(measure, pairs)
             if levels:
                 self._sweep(driver, sides, levels, case)
+            self._greedy(out, ("base", "head"), driver.vocab_size)
             if control:
                 sides["head"].server.stop()
                 sides[CONTROL] = self._start_side(case, case.control(), model_dir, args)
                 driver.warm_up(sides[CONTROL].endpoint, f"moeperf {case.id}: {CONTROL}")
                 run_interleaved(measure, pairs, ("base", CONTROL))
+                self._greedy(out, (CONTROL,), driver.vocab_size)
         except ServerDied as died:
             out.partial = str(died)
             out.failures.append(f"{case.file_name}: {died}")
             return out
         self._judge(out)
         return out
+
+    def _greedy(self, out: AbOutcome, names: tuple[str, ...], vocab_size: int) -> None:
+        """Greedy outputs of the fixed prompt set from each named side (output equivalence);
+        a side that cannot answer them fails the gate with the reason."""
+        from pytest_moeperf.ab.equivalence import greedy_outputs, prompt_set
+
+        prompts = prompt_set(out.plan.spec, vocab_size)
+        for name in names:
+            ep = out.sides[name].endpoint
+            try:
+                out.greedy[name] = greedy_outputs(ep.base_url, ep.model, prompts)
+            except Exception as exc:  # any failure is the gate's finding
+                out.failures.append(
+                    f"{out.case.file_name}: output equivalence not measured: the {name} "
+                    f"server's greedy completions failed ({type(exc).__name__}: {exc})"
+                )
 
     def _hygiene(self, servers: list[VllmServer], env: Any) -> dict[str, Any]:
         """Machine checks with both servers up: neither counts as "another server"."""
@@ -243,7 +263,17 @@ class AbTest:
             )
 
     def _judge(self, out: AbOutcome) -> None:
+        from pytest_moeperf.ab import equivalence
         from pytest_moeperf.verdict import judge_all
+
+        g = out.greedy
+        if "base" in g and "head" in g:
+            aa = equivalence.compare(g["base"], g[CONTROL], CONTROL) if CONTROL in g else None
+            out.equivalence = equivalence.judge(
+                equivalence.compare(g["base"], g["head"], "head"), aa
+            )
+            out.failures += [f"{out.case.file_name}: output equivalence: {f}"
+                             for f in out.equivalence.failures]  # fmt: skip
 
         base = _measured(out.sides["base"].runs)
         src = f"A/B {out.case.file_name}"
@@ -338,6 +368,7 @@ class AbTest:
                 "side": name,
                 "pairs": out.pairs,
                 "order": [f"{s}{k + 1}" for s, k in out.order],
+                "equivalence": out.equivalence.to_dict() if out.equivalence else None,
             },
             "baseline": {
                 "status": "compared" if name != "base" else "reference",

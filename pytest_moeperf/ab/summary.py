@@ -192,6 +192,8 @@ def markdown_summary(out: AbOutcome, command: str) -> str:
         "```",
     ]
     lines += ["", kernel_line(out.env.backend)]
+    if out.equivalence is not None:
+        lines += ["", out.equivalence.line()]
     if out.warnings:
         lines += ["", *(f"- note: {w}" for w in out.warnings)]
     lines += ["", f"Reproduce: `{command}`", ""]
