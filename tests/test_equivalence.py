@@ -178,3 +178,15 @@ def test_greedy_outputs_names_the_url_and_the_answer_of_a_failed_request(
     url, _ = fake_server
     with pytest.raises(ValueError, match=r"HTTP 400 from http://127.0.0.1:\d+/v1/completions"):
         greedy_outputs(url, "m", [((666,), 2)])
+
+
+def test_flat_outputs_are_reported_as_not_informative() -> None:
+    # recorded on an H100 (2026-12-05): Qwen3-30B-A3B shapes with vLLM's dummy weights give
+    # every token -ln(151,936); the top-2 margin is 7.6e-6 nats, whatever the tiling
+    top1, top2 = -11.93117618560791, -11.931183815002441
+    flat = [g([143720, 162] * 4, [top1] * 8, [(132303, top2)] * 8)]
+    eq = judge(compare(flat, flat, "head"), compare(flat, flat, "control"))
+    assert eq.ok and eq.head.base_margin_median == pytest.approx(7.6e-6, rel=0.01)
+    assert "not informative (the base's outputs are flat: median top-2 margin 7.6e-06" in eq.line()
+    assert "per-M numerics check can" in eq.line()
+    assert "not informative" not in judge(compare(BASE, BASE, "head"), None).line()

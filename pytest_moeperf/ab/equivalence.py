@@ -24,10 +24,15 @@ PROMPTS = 8
 MAX_TOKENS = 32
 SEED = 0
 #: Nats a chosen token's logprob may move, and the margin a flipped pick may have had on the
-#: base side, when the A/A control moved less. Rounding moves logprobs by hundredths of a nat;
-#: a broken kernel by nats. Half a nat (a 40 % change of the probability) is far from both; the
-#: A/A control raises it where the machine itself is not deterministic (twice its own figure).
-FLOOR_NATS = 0.5
+#: base side, when the A/A control moved less. Logits leave the model in bf16: one unit in the
+#: last place of a logit of magnitude 8-16 is 0.0625, so a re-tiling that changes a logit by
+#: one rounding step moves its logprob by that much. 0.1 nats allows one step; a kernel that
+#: computes something else moves logprobs by more. The A/A control raises it where the machine
+#: itself is not deterministic (twice its own figure).
+FLOOR_NATS = 0.1
+#: Below this median top-1 / top-2 margin the base's outputs are flat (vLLM's dummy weights
+#: give every token -ln(vocab) within 1e-5 nats): no kernel difference can show in them.
+FLAT_NATS = 1e-3
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,7 @@ class Agreement:
     agreeing: int  # positions with the same token (after a divergence: none)
     max_logprob_diff: float  # largest |Δ logprob| of the chosen token before a divergence
     divergences: tuple[Divergence, ...] = ()
+    base_margin_median: float = math.inf  # the base's median top-1 minus top-2 logprob
 
     @property
     def worst_margin(self) -> float:
@@ -78,6 +84,8 @@ class Agreement:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        if math.isinf(d["base_margin_median"]):
+            d["base_margin_median"] = None
         for div in d["divergences"]:
             div["margin"] = None if math.isinf(div["margin"]) else div["margin"]
         return d
@@ -99,7 +107,13 @@ class Equivalence:
     def line(self) -> str:
         ctrl = f"; A/A control: {self.control.text()}" if self.control else ""
         word = "pass" if self.ok else "FAIL"
-        if math.isinf(self.allowed_nats):
+        if self.head.base_margin_median < FLAT_NATS:
+            word = (
+                "not informative (the base's outputs are flat: median top-2 margin "
+                f"{self.head.base_margin_median:.2g} nats, as with dummy weights; tokens and "
+                "logprobs cannot show a kernel difference, the per-M numerics check can)"
+            )
+        elif math.isinf(self.allowed_nats):
             word = "not judged (the A/A control itself diverged where its base was confident)"
         return (
             f"Output equivalence (greedy, {PROMPTS} prompts x {MAX_TOKENS} tokens, batch 1): "
@@ -141,7 +155,13 @@ def compare(base: Sequence[Greedy], other: Sequence[Greedy], label: str) -> Agre
             if len(o.tokens) != len(b.tokens):  # one side stopped early (EOS ignored: rare)
                 j = min(len(o.tokens), len(b.tokens))
                 divs.append(Divergence(i, j, -1, -1, math.inf))
-    return Agreement(label, tokens, agreeing, worst, tuple(divs))
+    margins = sorted(
+        b.logprobs[j] - max((v for t, v in b.top[j].items() if t != tok), default=-math.inf)
+        for b in base
+        for j, tok in enumerate(b.tokens)
+    )
+    median = margins[len(margins) // 2] if margins else math.inf
+    return Agreement(label, tokens, agreeing, worst, tuple(divs), median)
 
 
 def judge(head: Agreement, control: Agreement | None, floor: float = FLOOR_NATS) -> Equivalence:
