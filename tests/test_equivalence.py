@@ -190,3 +190,10 @@ def test_flat_outputs_are_reported_as_not_informative() -> None:
     assert "not informative (the base's outputs are flat: median top-2 margin 7.6e-06" in eq.line()
     assert "per-M numerics check can" in eq.line()
     assert "not informative" not in judge(compare(BASE, BASE, "head"), None).line()
+
+
+def test_a_head_that_moves_a_flat_base_still_fails() -> None:
+    flat = [g([1, 2], [-11.93, -11.93], [(3, -11.930001)] * 2)]
+    moved = [g([1, 2], [-11.93, -12.5], [(3, -11.930001)] * 2)]
+    eq = judge(compare(flat, moved, "head"), None)
+    assert not eq.ok and "FAIL" in eq.line() and "not informative" not in eq.line()

@@ -107,13 +107,13 @@ class Equivalence:
     def line(self) -> str:
         ctrl = f"; A/A control: {self.control.text()}" if self.control else ""
         word = "pass" if self.ok else "FAIL"
-        if self.head.base_margin_median < FLAT_NATS:
+        if self.ok and self.head.base_margin_median < FLAT_NATS:
             word = (
                 "not informative (the base's outputs are flat: median top-2 margin "
                 f"{self.head.base_margin_median:.2g} nats, as with dummy weights; tokens and "
                 "logprobs cannot show a kernel difference, the per-M numerics check can)"
             )
-        elif math.isinf(self.allowed_nats):
+        elif self.ok and math.isinf(self.allowed_nats):
             word = "not judged (the A/A control itself diverged where its base was confident)"
         return (
             f"Output equivalence (greedy, {PROMPTS} prompts x {MAX_TOKENS} tokens, batch 1): "
