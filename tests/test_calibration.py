@@ -156,7 +156,10 @@ def test_the_committed_cpu_baseline_is_another_setup_on_a_slower_machine() -> No
     out = gates.compare(BaselineStore(COMMITTED), recorded["test_id"], same,
                         {"slo_goodput_tok_s": quarter},
                         allow_other_hardware=False, ci_mode=False, target=TARGET)  # fmt: skip
-    assert out.status == "compared" and any("regressed" in f for f in out.failures)
+    assert out.status == "compared"
+    # compared, and -75 % would be a regression, but that file's own boundary probes were
+    # measured while the VM stalled the client (p99 send lag ~470 ms): inconclusive, saying so
+    assert out.failures == [] and any("stalled the client" in w for w in out.warnings)
 
 
 # ---- the key and the file

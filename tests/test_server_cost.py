@@ -58,3 +58,59 @@ def test_the_committed_cpu_baseline_has_the_stats_at_its_boundary() -> None:
         ]  # fmt: skip
     (note,) = server_cost_notes(runs, hot)
     assert "baseline 0 %, this run 60 %" in note
+
+
+def _lag_run(lag_ms: float, rate: float = 24.0) -> dict[str, Any]:
+    summary = {"send_lag_p99_ms": lag_ms, "slo": {"ttft_p99_ms": 2000.0}}
+    return {"boundary_rate": rate, "probes": [{"rate": rate, "met": True, "summary": summary}]}
+
+
+def _verdicts() -> list[Any]:
+    from pytest_moeperf.verdict import judge_all
+
+    base = {"slo_goodput_tok_s": [774.0, 760.0, 790.0], "tpot_p99_ms": [11.0, 10.8, 11.2]}
+    cand = {"slo_goodput_tok_s": [418.0, 418.0, 437.0], "tpot_p99_ms": [30.0, 31.0, 29.5]}
+    return judge_all(base, cand, source="test")
+
+
+def test_a_quiet_machine_keeps_every_verdict() -> None:
+    from pytest_moeperf.verdict.server_cost import stalled_verdicts
+
+    raw = _verdicts()
+    assert {v.metric: v.outcome for v in raw} == {
+        "slo_goodput_tok_s": "regressed", "tpot_p99_ms": "regressed"}  # fmt: skip
+    assert stalled_verdicts(raw, [_lag_run(3.0)] * 3, [_lag_run(150.0)] * 3) == raw
+
+
+def test_a_stalled_client_makes_the_boundary_inconclusive_with_both_figures() -> None:
+    from pytest_moeperf.verdict.server_cost import stalled_verdicts
+
+    out = {v.metric: v for v in stalled_verdicts(_verdicts(), [_lag_run(3.0)] * 3,
+                                                 [_lag_run(448.0)] * 3)}  # fmt: skip
+    goodput = out["slo_goodput_tok_s"]
+    assert goodput.outcome == "inconclusive" and not goodput.fails
+    assert "the machine stalled the client at the boundary (p99 send lag this run 448 ms" in (
+        goodput.reason)  # fmt: skip
+    assert "10 % of the 2,000 ms TTFT SLO" in goodput.reason
+    assert "machine_stalls.py" in goodput.advice
+    assert out["tpot_p99_ms"].outcome == "regressed"  # not searched: its verdict stands
+
+
+def test_the_committed_cpu_baseline_was_itself_recorded_during_stalls() -> None:
+    # its boundary probes' clients sent p99 ~470 ms late; a fresh clone on the same VM read
+    # -45 % goodput "regressed" against it with unchanged code (2026-12-05)
+    from pytest_moeperf.verdict.server_cost import boundary_send_lag, stalled_verdicts
+
+    (path,) = (ROOT / "baselines").rglob("cpu-*.json")
+    runs = json.loads(path.read_text())["runs"]
+    got = boundary_send_lag(runs)
+    assert got is not None and got[0] > 200.0 and got[1] == 2000.0
+    (goodput, _) = stalled_verdicts(_verdicts(), runs, [_lag_run(3.0)] * 3)
+    assert goodput.outcome == "inconclusive" and "baseline 468 ms" in goodput.reason
+
+
+def test_runs_without_a_recorded_lag_leave_the_verdicts_alone() -> None:
+    from pytest_moeperf.verdict.server_cost import stalled_verdicts
+
+    raw = _verdicts()
+    assert stalled_verdicts(raw, [_run(0.0)] * 3, [_run(0.0)] * 3) == raw

@@ -226,9 +226,8 @@ def greedy_outputs(
     """Each prompt's greedy continuation from one server, one request at a time."""
     import httpx
 
-    from pytest_moeperf.accuracy.gsm8k import completions_url
-
-    url = completions_url(base_url)
+    root = base_url.rstrip("/")
+    url = root + ("/completions" if root.endswith("/v1") else "/v1/completions")
     out: list[Greedy] = []
     with httpx.Client(timeout=timeout_s) as client:
         for ids, n in prompts:

@@ -62,3 +62,69 @@ def server_cost_notes(
             "capacity, not the kernels' speed"
         )
     return notes
+
+
+#: A boundary probe whose client sent its requests later than this share of the TTFT SLO (p99)
+#: was measured while the machine stalled every process (docs/steady-state.md).
+STALL_FRACTION = 0.10
+
+
+def _boundary_probe(run: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    rate = run.get("boundary_rate")
+    for p in run.get("probes") or ():
+        if isinstance(p, Mapping) and p.get("met") and p.get("rate") == rate:
+            return p
+    return None
+
+
+def boundary_send_lag(runs: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
+    """(median p99 send lag at the runs' boundary probes, their TTFT SLO), both in ms."""
+    lags, slo = [], None
+    for run in runs:
+        summary = (_boundary_probe(run) or {}).get("summary") or {}
+        lag = summary.get("send_lag_p99_ms")
+        ttft = (summary.get("slo") or {}).get("ttft_p99_ms")
+        if isinstance(lag, int | float) and lag == lag and isinstance(ttft, int | float):
+            lags.append(float(lag))
+            slo = float(ttft)
+    if not lags or slo is None:
+        return None
+    lags.sort()
+    return lags[len(lags) // 2], slo
+
+
+def stalled_verdicts(
+    verdicts: Sequence[Any],
+    baseline_runs: Sequence[Mapping[str, Any]],
+    candidate_runs: Sequence[Mapping[str, Any]],
+) -> list[Any]:
+    """Searched metrics (the boundary and its goodput) judged inconclusive, with a note, when
+    either side's client sent late at the boundary by more than ``STALL_FRACTION`` of the TTFT
+    SLO: a machine that stalls every process moves the boundary by itself (a fresh clone on the
+    2-vCPU VM read -45 % goodput "regressed" with the same code, during stalls), so such a
+    difference is not the server's. Other metrics keep their verdicts."""
+    from dataclasses import replace
+
+    from pytest_moeperf.verdict.metrics import DEFAULT_METRICS
+
+    b, c = boundary_send_lag(baseline_runs), boundary_send_lag(candidate_runs)
+    stalled = [(who, lag) for who, got in (("baseline", b), ("this run", c)) if got
+               for lag, slo in [got] if lag > STALL_FRACTION * slo]  # fmt: skip
+    if not stalled:
+        return list(verdicts)
+    slo = (c or b or (0.0, 0.0))[1]
+    figures = ", ".join(f"{who} {lag:,.0f} ms" for who, lag in stalled)
+    why = (
+        f"the machine stalled the client at the boundary (p99 send lag {figures}; over "
+        f"{100 * STALL_FRACTION:.0f} % of the {slo:,.0f} ms TTFT SLO): the boundary moves with "
+        "the stalls, not only with the server"
+    )
+    out = []
+    for v in verdicts:
+        spec = DEFAULT_METRICS.get(v.metric)
+        if v.outcome in ("regressed", "improved") and spec is not None and spec.searched:
+            v = replace(v, outcome="inconclusive", reason=f"{v.reason}; but {why}",
+                        advice="measure on a quiet machine (benchmarks/machine_stalls.py "
+                               "shows the stalls)")  # fmt: skip
+        out.append(v)
+    return out
