@@ -20,7 +20,6 @@ from pytest_moeperf.accuracy.gsm8k import (
     STOP_SEQUENCES,
     Doc,
     build_prompt,
-    completions_url,
     data_digest,
     extract_flexible,
     extract_strict,
@@ -33,6 +32,7 @@ from pytest_moeperf.accuracy.gsm8k import (
 )
 from pytest_moeperf.accuracy.paired import AccuracyResult
 from pytest_moeperf.errors import UsageError
+from pytest_moeperf.load.requests import completions_url
 
 # --- scoring -------------------------------------------------------------------------------------
 

@@ -9,21 +9,10 @@ from pathlib import Path
 
 import pytest
 from sse_helpers import sse
+from test_faults_energy import _measure as measure_energy_run
 
 from pytest_moeperf.metrics.energy import NotMeasuredMeter
-from pytest_moeperf.run.probe import Endpoint, RunMeasurement, measure_run
-from pytest_moeperf.spec.loader import load_spec
-
-SPEC = """\
-name: token-times
-model: {path: embedded, dtype: bfloat16, max_model_len: 1024}
-workload: {trace: fixed, num_requests: 20, seed: 0, input_tokens: 8, output_tokens: 8}
-arrival: {process: poisson}
-slo: {ttft_p99_ms: 2000, tpot_p99_ms: 200}
-search: {rate_min: 60, rate_max: 120, tolerance: 0.2, max_probes: 2, probe_requests: 20,
-         probe_duration_s: 0.3}
-runs: 1
-"""
+from pytest_moeperf.run.probe import Endpoint, RunMeasurement
 
 
 @pytest.fixture
@@ -34,12 +23,9 @@ def measure(tmp_path: Path) -> Iterator[Callable[[int], RunMeasurement]]:
         srv = sse.SSEServer(sse.ServerConfig(delay_s=0.002, tokens_per_chunk=tokens_per_chunk))
         servers.append(srv)
         port = srv.run_in_thread()
-        path = tmp_path / "spec.yaml"
-        path.write_text(SPEC)
-        spec = load_spec(path)
-        return measure_run(Endpoint(f"http://127.0.0.1:{port}", "m"), spec, spec.slo, index=0,
-                           meter=NotMeasuredMeter("test"), vocab_size=500, rate_min=60.0,
-                           probe_requests=20, max_probes=2, mbu_inputs=None)  # fmt: skip
+        # test_faults_energy's spec and run: 8-token outputs, two short probes at 60-120 req/s
+        endpoint = Endpoint(f"http://127.0.0.1:{port}", "m")
+        return measure_energy_run(tmp_path, endpoint, NotMeasuredMeter("test"))
 
     yield run
     for srv in servers:

@@ -226,8 +226,9 @@ def greedy_outputs(
     """Each prompt's greedy continuation from one server, one request at a time."""
     import httpx
 
-    root = base_url.rstrip("/")
-    url = root + ("/completions" if root.endswith("/v1") else "/v1/completions")
+    from pytest_moeperf.load.requests import completions_url
+
+    url = completions_url(base_url)
     out: list[Greedy] = []
     with httpx.Client(timeout=timeout_s) as client:
         for ids, n in prompts:

@@ -288,12 +288,6 @@ def _check_args(
         raise UsageError(src, "timeout_s", timeout_s, "must be > 0", "use e.g. 300")
 
 
-def completions_url(base_url: str) -> str:
-    """Accept both ``http://host:port`` and ``http://host:port/v1``."""
-    root = base_url.rstrip("/")
-    return root + ("/completions" if root.endswith("/v1") else "/v1/completions")
-
-
 async def _complete(
     client: StreamingClient, index: int, payload: bytes, max_tokens: int
 ) -> tuple[str, str | None]:

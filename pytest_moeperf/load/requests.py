@@ -170,3 +170,10 @@ def _draw_lengths(
         mu, sigma = lognormal_params(*CHAT_MIX_V1[key])
         out.append(np.rint(np.random.default_rng(child).lognormal(mu, sigma, size=count)))
     return out[0], out[1]
+
+
+def completions_url(base_url: str) -> str:
+    """``/v1/completions`` of a server given as ``http://host:port`` or ``http://host:port/v1``
+    (the accuracy task and the A/B gate's greedy requests)."""
+    root = base_url.rstrip("/")
+    return root + ("/completions" if root.endswith("/v1") else "/v1/completions")

@@ -16,15 +16,19 @@ from typing import Any
 HIT_RATE_GAP = 0.05
 
 
-def boundary_server_stats(run: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """``summary.server`` of the met probe at the run's boundary rate, if recorded."""
+def _boundary_probe(run: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The met probe at the run's boundary rate, if any."""
     rate = run.get("boundary_rate")
     for p in run.get("probes") or ():
         if isinstance(p, Mapping) and p.get("met") and p.get("rate") == rate:
-            server = (p.get("summary") or {}).get("server")
-            if isinstance(server, Mapping) and server.get("available"):
-                return server
+            return p
     return None
+
+
+def boundary_server_stats(run: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """``summary.server`` of the met probe at the run's boundary rate, if recorded."""
+    server = ((_boundary_probe(run) or {}).get("summary") or {}).get("server")
+    return server if isinstance(server, Mapping) and server.get("available") else None
 
 
 def _values(runs: Sequence[Mapping[str, Any]], name: str) -> list[float]:
@@ -67,14 +71,6 @@ def server_cost_notes(
 #: A boundary probe whose client sent its requests later than this share of the TTFT SLO (p99)
 #: was measured while the machine stalled every process (docs/steady-state.md).
 STALL_FRACTION = 0.10
-
-
-def _boundary_probe(run: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    rate = run.get("boundary_rate")
-    for p in run.get("probes") or ():
-        if isinstance(p, Mapping) and p.get("met") and p.get("rate") == rate:
-            return p
-    return None
 
 
 def boundary_send_lag(runs: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
