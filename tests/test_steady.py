@@ -351,16 +351,3 @@ def test_overloaded_poisson_streams_are_rejected() -> None:
     assert len(judged) >= 0.8 * SEEDS, f"only {len(judged)}/{SEEDS} judged"
     behind = sum(any(r.startswith("falling behind") for r in c.reasons) for c in judged)
     assert behind >= 0.95 * len(judged), f"falling behind in {behind}/{len(judged)}"
-
-
-def test_token_times_lost_when_completions_arrive_whole() -> None:
-    from pytest_moeperf.load.steady import token_times_lost
-
-    # seen on a 2-vCPU VM: "met (tpot p99 0.0 ms, 32.0 tokens a chunk)" with 32-token outputs
-    why = token_times_lost(32.0, 32.0)
-    assert why is not None and "32.0 tokens a chunk of 32" in why and "TPOT" in why
-    assert token_times_lost(16.0, 32.0) is not None  # half of each completion at once
-    assert token_times_lost(2.8, 32.0) is None  # the usual 1.5-3 of a busy server
-    assert token_times_lost(5.8, 128.0) is None
-    assert token_times_lost(1.0, 1.0) is None  # one-token outputs: one chunk is all there is
-    assert token_times_lost(float("nan"), 32.0) is None  # no completion: judged elsewhere

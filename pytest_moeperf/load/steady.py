@@ -42,9 +42,6 @@ QUEUE_GROWTH_MIN = 4.0
 QUEUE_GROWTH_FRACTION = 0.25
 TTFT_RISE_FRACTION = 0.25
 GRID_POINTS = 40
-#: A probe whose completions arrived in chunks of at least this share of their tokens (and
-#: at least 2 a chunk) has lost its token times: TPOT there reads as ~0.
-LOST_TOKEN_TIMES_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -206,20 +203,3 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
         in_system=sys_trend, waiting=wait_trend, ttft=ttft_trend,
         server_metrics=bool(waiting), notes=tuple(notes),
     )  # fmt: skip
-
-
-def token_times_lost(tokens_per_chunk: float, mean_output_tokens: float) -> str | None:
-    """Why a probe's TPOT cannot be judged, or None.
-
-    When the client reads whole completions at once (the machine stalled it, or the server
-    held its output back), every token of a request gets one arrival time and TPOT reads as
-    about 0: seen on a 2-vCPU VM as "met (tpot p99 0.0 ms, 32.0 tokens a chunk)". Such a probe
-    must not count as met: its latency figures are the stall's, not the server's."""
-    limit = max(2.0, LOST_TOKEN_TIMES_FRACTION * mean_output_tokens)
-    if not (math.isfinite(tokens_per_chunk) and tokens_per_chunk >= limit):
-        return None
-    return (
-        f"token times lost: {tokens_per_chunk:.1f} tokens a chunk of {mean_output_tokens:.0f} "
-        "a completion (read at once: the client was stalled or the server held its output), "
-        "so TPOT cannot be judged"
-    )

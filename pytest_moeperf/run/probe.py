@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_moeperf.errors import MoePerfError, UsageError
 from pytest_moeperf.load.records import RequestRecord, RunRecord
-from pytest_moeperf.load.steady import token_times_lost
 from pytest_moeperf.metrics.energy import EnergyMeter, EnergyReading
 from pytest_moeperf.run.abort import AbortCheck, AbortPolicy
 from pytest_moeperf.run.search import ProbeResult, SearchResult
@@ -251,9 +250,6 @@ def measure_run(
                              + "; ".join(check.reasons))  # fmt: skip
             if check.too_short and not run.aborted_early:
                 needed = needed_span(summary, spec, rate)
-        elif result.met and (lost := token_times_lost(summary.tokens_per_chunk,
-                                                     summary.mean_output_tokens)):  # fmt: skip
-            result = replace(result, met=False, reason="not a steady state: " + lost)
         readings[rate] = (reading, run)
         done.append(result.to_dict())
         return result, needed
