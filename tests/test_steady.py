@@ -9,6 +9,7 @@ import random
 import re
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
@@ -16,6 +17,8 @@ from pytest_moeperf.load.records import RequestRecord, RequestStatus
 from pytest_moeperf.load.steady import (
     SteadyCheck,
     Trend,
+    due_times,
+    excess_series,
     in_system_series,
     judge,
     queue_limit,
@@ -127,7 +130,7 @@ def test_all_failed_is_falling_behind_not_steady() -> None:
     recs = even(10.0, 40.0, status=lambda i: "http_error")
     c = run(recs, e2el=math.nan)
     assert not c.steady and not c.too_short and c.completions == 0
-    assert c.reasons == ("falling behind: 0 req/s finished against 10 req/s sent in the window "
+    assert c.reasons == ("falling behind: 0 req/s finished against 10 req/s due in the window "
                          "(0 % < 90 %)",)  # fmt: skip
     assert c.ttft is None  # no successful request to fit
 
@@ -154,7 +157,7 @@ def test_falling_behind_reason_has_the_rates() -> None:
     """Every 5th request fails fast: the queue does not grow, but only 80 % finish."""
     c = run(even(10.0, 40.0, status=lambda i: "http_error" if i % 5 == 0 else "ok"))
     assert (c.sends, c.completions) == (300, 240)
-    assert c.reasons == ("falling behind: 8 req/s finished against 10 req/s sent in the window "
+    assert c.reasons == ("falling behind: 8 req/s finished against 10 req/s due in the window "
                          "(80 % < 90 %)",)  # fmt: skip
     assert c.completion_ratio == pytest.approx(0.8)
 
@@ -174,12 +177,12 @@ def test_shortfall_within_counting_noise_is_too_short_to_judge_not_met() -> None
     assert 3 * math.sqrt(2 * small.in_system.mean + 1) >= 8
     assert small.too_short and not small.steady
     (why,) = small.reasons
-    assert why.startswith("1.6 req/s finished against 2 req/s sent in the window (80 % < 90 %), "
+    assert why.startswith("1.6 req/s finished against 2 req/s due in the window (80 % < 90 %), "
                           "a shortfall of 8 within the window's counting noise (")  # fmt: skip
     assert why.endswith("): cannot tell falling behind from noise")
     big = run(even(2.0, 30.0, 5.0, status=fails(0, 1)), 5.5, 25.5, e2el=5.0)
     assert (big.sends, big.completions) == (40, 24)
-    assert big.reasons == ("falling behind: 1.2 req/s finished against 2 req/s sent in the "
+    assert big.reasons == ("falling behind: 1.2 req/s finished against 2 req/s due in the "
                            "window (60 % < 90 %)",)  # fmt: skip
 
 
@@ -216,7 +219,7 @@ def test_overload_gives_all_three_reasons_with_their_numbers() -> None:
     c = run(recs, 6.0, 34.0, e2el=med)
     assert not c.too_short and len(c.reasons) == 3
     behind, queue, ttft = c.reasons
-    assert behind == ("falling behind: 8 req/s finished against 10 req/s sent in the window "
+    assert behind == ("falling behind: 8 req/s finished against 10 req/s due in the window "
                       "(80 % < 90 %)")  # fmt: skip
     assert c.in_system is not None and c.ttft is not None
     growth, mean, limit = numbers(queue)
@@ -351,3 +354,89 @@ def test_overloaded_poisson_streams_are_rejected() -> None:
     assert len(judged) >= 0.8 * SEEDS, f"only {len(judged)}/{SEEDS} judged"
     behind = sum(any(r.startswith("falling behind") for r in c.reasons) for c in judged)
     assert behind >= 0.95 * len(judged), f"falling behind in {behind}/{len(judged)}"
+
+
+# --- mixed lengths (chat-mix) ---------------------------------------------------------------
+
+CHAT_TTFT_S, CHAT_TPOT_S, CHAT_RATE, CHAT_SPAN_S = 0.15, 0.024, 2.7, 40.0
+
+
+def chat_mix(seed: int, servers: int | None = None) -> list[RequestRecord]:
+    """Poisson sends at 2.7 req/s for 40 s with chat-mix-v1 output lengths (lognormal, median
+    256, p90 1,024 tokens) at the H100's measured pace (TTFT 150 ms, TPOT 24 ms). With
+    ``servers`` the requests queue for that many slots (M/G/c); without, none waits."""
+    from pytest_moeperf.spec.traces import CHAT_MIX_V1, lognormal_params
+
+    rng = random.Random(seed)
+    mu, sigma = lognormal_params(*CHAT_MIX_V1["output"])
+    free = [0.0] * (servers or 1)
+    out: list[RequestRecord] = []
+    t = 0.0
+    while (t := t + rng.expovariate(CHAT_RATE)) <= CHAT_SPAN_S:
+        n = max(2, round(rng.lognormvariate(mu, sigma)))
+        service = CHAT_TTFT_S + (n - 1) * CHAT_TPOT_S
+        begin = max(t, heapq.heappop(free)) if servers else t
+        if servers:
+            heapq.heappush(free, begin + service)
+        out.append(RequestRecord(index=len(out), scheduled_s=t, send_s=t, input_tokens=1024,
+                                 max_tokens=n, first_token_s=begin + CHAT_TTFT_S,
+                                 end_s=begin + service, output_tokens=n))  # fmt: skip
+    return out
+
+
+def test_due_times_follow_each_requests_length() -> None:
+    """Median TTFT 0.1 s and TPOT 0.02 s of the window's ok requests: a 64-token request is due
+    0.1 + 63 x 0.02 s after its send; an unfinished one by the tokens it asked for."""
+    recs = [RequestRecord(index=i, scheduled_s=t, send_s=t, input_tokens=8, max_tokens=n,
+                          first_token_s=t + 0.1, end_s=t + 0.1 + (n - 1) * 0.02, output_tokens=n)
+            for i, (t, n) in enumerate([(1.0, 64), (2.0, 11), (3.0, 64)])]  # fmt: skip
+    recs.append(RequestRecord(index=3, scheduled_s=4.0, send_s=4.0, input_tokens=8,
+                              max_tokens=501, status="cancelled"))  # fmt: skip
+    due = due_times(recs, 0.0, 10.0, median_e2el_s=9.9)
+    assert due == pytest.approx([2.36, 2.3, 4.36, 14.1])
+    flat = [(float(t), 0.0) for t in range(5)]
+    assert excess_series(recs, due, 0.0, 4.0, points=5) == flat
+    nothing_ok = [replace(r, status="http_error") for r in recs]
+    assert due_times(nothing_ok, 0.0, 10.0, median_e2el_s=2.0) == [3.0, 4.0, 5.0, 6.0]
+
+
+def test_chat_mix_keeping_its_pace_is_steady_though_a_third_is_still_running() -> None:
+    """On the H100 (2026-12-05) a chat-mix probe at 2.69 req/s, p99 TTFT 227 ms and TPOT 24 ms,
+    was called falling behind: 1.89 req/s finished against 2.81 sent (67 %). Its long requests
+    (p90 1,024 tokens, ~25 s) had not begun to finish when the window opened. Counting against
+    what is due at the window's pace, 200 seeded probes like it are judged steady (allowed: 2 %
+    rejected), although fewer than 85 % of what they sent finished inside the window."""
+    checks, sent_ratio = [], []
+    for seed in range(SEEDS):
+        c = probe_like(chat_mix(seed))
+        checks.append(c)
+        sent_ratio.append(c.completed_rps / c.offered_rps)
+    assert statistics.median(sent_ratio) < 0.85  # the old rule's figure: not a steady-state test
+    rejected = [c.reasons for c in checks if not c.steady]
+    assert len(rejected) <= 0.02 * SEEDS, f"{len(rejected)}/{SEEDS} rejected: {rejected[:3]}"
+    assert statistics.median(c.completion_ratio for c in checks) == pytest.approx(1.0, abs=0.05)
+
+
+def test_chat_mix_overloaded_is_rarely_met_in_a_40_s_probe() -> None:
+    """The same stream into fewer slots (M/G/c). A 40 s probe sees an overload late: the slots
+    fill only after ~10 s and the queue grows at the overload's excess rate from then on. Counted
+    as a probe would count it (steady *and* p99 TTFT <= 2 s), of 200 seeded probes when written:
+    at 1.9 x (16 slots) 0, at 1.5 x (20 slots) 6, at 1.25 x (24 slots) 47, the rest too short
+    (rerun longer) or missed. docs/steady-state.md gives the cost: a chat-mix boundary can read
+    high by up to ~25 % in one run; the band of three runs shows it."""
+
+    def met(servers: int) -> int:
+        n = 0
+        for seed in range(SEEDS):
+            recs = chat_mix(seed, servers)
+            c = probe_like(recs)
+            first, last = recs[0].send_s, recs[-1].send_s
+            span = last - first
+            lo = first + max(0.1 * span, statistics.median(r.e2el_s or 0.0 for r in recs))
+            ttfts = sorted(r.ttft_s or 0.0 for r in recs if lo <= r.send_s <= last - 0.1 * span)
+            n += c.steady and ttfts[math.ceil(0.99 * len(ttfts)) - 1] <= 2.0
+        return n
+
+    assert met(16) == 0
+    assert met(20) <= 0.05 * SEEDS
+    assert met(24) <= 0.3 * SEEDS

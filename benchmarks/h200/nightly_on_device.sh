@@ -91,6 +91,10 @@ body)
   for s in "$@"; do stage "$s"; done
   echo "all done $(date -u +%T)" >> "$O/state.txt" ;;
 watch)
+  if [ ! -f "$O/state.txt" ]; then  # a fresh machine: the held one went back while idle
+    echo "no $O/state.txt: this is not the machine that ran start (it was released); stop" >&2
+    exit 3
+  fi
   end=$(( $(date +%s) + $2 ))
   while [ "$(date +%s)" -lt "$end" ] && ! grep -q "all done" "$O/state.txt" 2>/dev/null; do
     sleep 5

@@ -11,14 +11,20 @@ met only when, over its measured window, all of these hold:
   rate read there is low); a shorter probe is *too short*: neither met nor missed, it is rerun
   longer;
 * **keeping up**: requests finished inside the window at no less than ``1 - COMPLETION_MARGIN``
-  of the rate they were sent inside it. A shortfall larger than counting noise (three standard
-  deviations of the change in requests in the system, about sqrt(2 x mean in the system)) is
-  falling behind; one within it cannot be told from noise, and the probe is *too short*:
-  rerun with more sends, never met on that window;
+  of the rate that were *due* in it. A request is due when it would finish at the window's own
+  pace: its send time plus the window's median TTFT plus its length times the median TPOT
+  (``due_times``). With one output length this is the send rate, shifted by one latency; with
+  mixed lengths it is not: chat-mix's tail (p90 1,024 tokens, ~25 s on an H100) has not begun
+  to finish when a 40 s probe's window opens, and an H100 probe at 2.7 req/s whose p99 TTFT was
+  227 ms finished 67 % of what it *sent* in the window while keeping up. A shortfall larger than
+  counting noise (three standard deviations of the change in requests in the system, about
+  sqrt(2 x mean in the system)) is falling behind; one within it cannot be told from noise, and
+  the probe is *too short*: rerun with more sends, never met on that window;
 * **no growing queue**: requests in the system (sent, not finished; from the client's records)
-  and, where the server exports it, ``vllm:num_requests_waiting`` show no upward trend whose
-  growth over the window exceeds ``queue_limit`` (counting noise, or a quarter of the mean in
-  the system, plus ``QUEUE_GROWTH_MIN``); TTFT of successive requests rises by no more than
+  beyond those the same pace keeps there, and, where the server exports it,
+  ``vllm:num_requests_waiting`` show no upward trend whose growth over the window exceeds
+  ``queue_limit`` (counting noise, or a quarter of the mean in the system, plus
+  ``QUEUE_GROWTH_MIN``); TTFT of successive requests rises by no more than
   ``TTFT_RISE_FRACTION`` of the TTFT SLO over the window.
 
 Trends are Theil-Sen slopes (robust to the odd slow request) with their 95 % interval; a trend
@@ -29,8 +35,9 @@ samples of a queue are autocorrelated and the interval alone is too narrow.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from pytest_moeperf.load.records import RequestRecord
@@ -70,6 +77,8 @@ class SteadyCheck:
     completions: int
     offered_rps: float
     completed_rps: float
+    #: requests that would have finished in the window at its own pace (see ``due_times``)
+    due: int = 0
     in_system: Trend | None = None
     waiting: Trend | None = None
     ttft: Trend | None = None
@@ -77,14 +86,20 @@ class SteadyCheck:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
+    def due_rps(self) -> float:
+        return self.due / self.window_s if self.window_s > 0 else 0.0
+
+    @property
     def completion_ratio(self) -> float:
-        return self.completed_rps / self.offered_rps if self.offered_rps > 0 else math.nan
+        """Finished over due: 1.0 for a server that keeps its pace, whatever the lengths."""
+        return self.completed_rps / self.due_rps if self.due_rps > 0 else math.nan
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["reasons"] = list(self.reasons)
         d["notes"] = list(self.notes)
         d["completion_ratio"] = self.completion_ratio
+        d["due_rps"] = self.due_rps
         return d
 
 
@@ -124,6 +139,38 @@ def in_system_series(records: Sequence[RequestRecord], start: float, end: float,
     return out
 
 
+def due_times(records: Sequence[RequestRecord], start: float, end: float,
+              median_e2el_s: float) -> list[float]:  # fmt: skip
+    """When each request would finish at the window's own pace: send + median TTFT + (length - 1)
+    x median TPOT, over the ok requests sent in the window (length: tokens received by a finished
+    request, else the tokens asked for). Only lengths vary, so a server that keeps up finishes
+    what is due, while one that falls behind finishes later and later. Without a TPOT (one-token
+    outputs, nothing finished) every request is due one median latency after its send."""
+    ok = [r for r in records if r.ok and start <= r.send_s <= end]
+    ttfts = [t for r in ok if (t := r.ttft_s) is not None]
+    tpots = [t for r in ok if (t := r.tpot_s) is not None]
+    if not ttfts or not tpots:
+        e2el = median_e2el_s if math.isfinite(median_e2el_s) else 0.0
+        return [r.send_s + e2el for r in records]
+    ttft, tpot = statistics.median(ttfts), statistics.median(tpots)
+
+    def length(r: RequestRecord) -> int:
+        return r.output_tokens if r.ok and r.output_tokens > 0 else r.max_tokens
+
+    return [r.send_s + ttft + max(length(r) - 1, 0) * tpot for r in records]
+
+
+def excess_series(records: Sequence[RequestRecord], due: Sequence[float], start: float,
+                  end: float, points: int = GRID_POINTS) -> list[tuple[float, float]]:  # fmt: skip
+    """Requests in the system beyond those the window's pace keeps there (sent, not yet due):
+    flat for a steady server whatever its lengths; rising for one that falls behind."""
+    out = []
+    for t, n in in_system_series(records, start, end, points):
+        paced = sum(1 for r, d in zip(records, due, strict=True) if r.send_s <= t < d)
+        out.append((t, n - paced))
+    return out
+
+
 def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_slo_ms: float,
           median_e2el_s: float, waiting: Sequence[tuple[float, float]] | None = None,
           first_send_s: float | None = None) -> SteadyCheck:  # fmt: skip
@@ -131,7 +178,10 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
     length = end - start
     sends = [r for r in records if start <= r.send_s <= end]
     done = [r for r in records if r.ok and r.end_s is not None and start <= r.end_s <= end]
+    due_at = due_times(records, start, end, median_e2el_s)
+    due = sum(1 for d in due_at if start <= d <= end)
     offered = len(sends) / length if length > 0 else 0.0
+    due_rps = due / length if length > 0 else 0.0
     completed = len(done) / length if length > 0 else 0.0
     reasons: list[str] = []
     notes: list[str] = []
@@ -150,17 +200,22 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
                      "still filling up")  # fmt: skip
     if short:  # nothing below can be judged on so little: rerun longer
         return SteadyCheck(False, True, tuple(short), length, len(sends), len(done), offered,
-                           completed, notes=tuple(notes))  # fmt: skip
-    sys_trend = trend(in_system_series(records, start, end), length) if length > 0 else None
-    # At a steady state sends and completions in the window differ by the change in the
-    # number of requests in the system, whose spread is about sqrt(mean in the system).
+                           completed, due, notes=tuple(notes))  # fmt: skip
+    sys_trend = None
+    if length > 0:
+        actual = trend(in_system_series(records, start, end), length)
+        excess = trend(excess_series(records, due_at, start, end), length)
+        if actual is not None and excess is not None:  # the limit scales with the real queue
+            sys_trend = replace(excess, mean=actual.mean)
+    # At a steady state what was due and what finished in the window differ by the change in
+    # the number of requests in the system, whose spread is about sqrt(mean in the system).
     mean_n = sys_trend.mean if sys_trend is not None else 0.0
     noise = 3.0 * math.sqrt(2.0 * mean_n + 1.0)
-    shortfall = len(sends) - len(done)
+    shortfall = due - len(done)
     unsure: str | None = None
-    if offered > 0 and completed < (1 - COMPLETION_MARGIN) * offered:
-        kept = (f"{completed:.3g} req/s finished against {offered:.3g} req/s sent in the "
-                f"window ({100 * completed / offered:.0f} % < "
+    if due_rps > 0 and completed < (1 - COMPLETION_MARGIN) * due_rps:
+        kept = (f"{completed:.3g} req/s finished against {due_rps:.3g} req/s due in the "
+                f"window ({100 * completed / due_rps:.0f} % < "
                 f"{100 * (1 - COMPLETION_MARGIN):.0f} %)")  # fmt: skip
         if shortfall > noise:
             reasons.append(f"falling behind: {kept}")
@@ -172,8 +227,8 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
         limit = queue_limit(sys_trend.mean)
         if sys_trend.rising(limit):
             reasons.append(f"queue growing: requests in the system rose by "
-                           f"{sys_trend.growth:.0f} over the window (mean {sys_trend.mean:.0f}, "
-                           f"limit {limit:.0f})")  # fmt: skip
+                           f"{sys_trend.growth:.0f} over the window beyond what their lengths "
+                           f"explain (mean {sys_trend.mean:.0f}, limit {limit:.0f})")  # fmt: skip
     wait_trend = None
     if waiting:
         pts = [(t, v) for t, v in waiting if start <= t <= end]
@@ -199,7 +254,7 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
     return SteadyCheck(
         steady=not reasons, too_short=too_short, reasons=tuple(reasons), window_s=length,
         sends=len(sends),
-        completions=len(done), offered_rps=offered, completed_rps=completed,
+        completions=len(done), offered_rps=offered, completed_rps=completed, due=due,
         in_system=sys_trend, waiting=wait_trend, ttft=ttft_trend,
         server_metrics=bool(waiting), notes=tuple(notes),
     )  # fmt: skip

@@ -222,7 +222,7 @@ class RunDriver:
             s = res.summary
             st = s.get("steady") or {}
             keep = st.get("completion_ratio")
-            kept = f", completed {100 * keep:.0f} % of sent" if keep == keep and keep else ""
+            kept = f", finished {100 * keep:.0f} % of due" if keep == keep and keep else ""
             merged = s.get("tokens_per_chunk") or 0.0
             if merged > MERGED_CHUNKS:  # the stream was read late: say so where it is seen
                 kept += f", {merged:.1f} tokens a chunk"
