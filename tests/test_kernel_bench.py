@@ -1,4 +1,4 @@
-"""The per-M kernel A/B harness (ab/kernel_bench.py) and its CLI (benchmarks/h200/perm_kernels.py).
+"""The per-M kernel A/B harness (ab/kernel_bench.py) and its CLI (ab/perm_cli.py).
 
 Everything that needs no GPU runs here: why the flow skips, the torch reference MoE on the CPU,
 the replay order and time plan, the test-case maker, the CLI's skip path and the report built
@@ -28,17 +28,13 @@ from pytest_moeperf.moeconfig.perm import m_values, tiling
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "h200" / "perm_kernels.py"
+SCRIPT = ROOT / "benchmarks" / "h200" / "perm_kernels.py"  # the wrapper of ab/perm_cli.py
 GRID = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096]
 
 
 @pytest.fixture(scope="module")
 def cli() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("perm_kernels", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return importlib.import_module("pytest_moeperf.ab.perm_cli")
 
 
 def tile(
@@ -106,8 +102,9 @@ def test_the_symbols_are_vllm_024s_fused_moe_api() -> None:
 
 
 def test_shape_from_the_qwen3_30b_a3b_config(cli: ModuleType) -> None:
-    assert cli.read_shape(cli.DEFAULT_SHAPE, "bf16") == kb.MoeShape(128, 768, 2048, 8, "bf16")
-    assert cli.read_shape(cli.DEFAULT_SHAPE, "fp8_w8a8", tp=2).n == 384
+    shape = kb.MoeShape(128, 768, 2048, 8, "bf16")
+    assert cli.read_shape(ROOT / cli.DEFAULT_SHAPE, "bf16") == shape
+    assert cli.read_shape(ROOT / cli.DEFAULT_SHAPE, "fp8_w8a8", tp=2).n == 384
 
 
 MOE = {"moe_intermediate_size": 6, "hidden_size": 8, "num_experts": 4, "num_experts_per_tok": 2}

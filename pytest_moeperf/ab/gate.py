@@ -69,6 +69,7 @@ class AbOutcome:
     control_base: list[RunMeasurement] = field(default_factory=list)  # base runs of the A/A
     greedy: dict[str, Any] = field(default_factory=dict)  # side -> [Greedy] (equivalence.py)
     equivalence: Any = None  # equivalence.Equivalence, once judged
+    perm: Any = None  # perm_gate.PermOutcome on a GPU; None where no GPU is visible
 
 
 class AbTest:
@@ -137,6 +138,7 @@ class AbTest:
         if why:
             pytest.skip(why)
         self._skip_on_other_gpu(case)
+        perm = self._perm(case, plan, model_dir, dtype_selector(plan.spec.model.dtype, quant))
         args = plan.spec.vllm_args()
         self.config.hook.pytest_moeperf_server_command(config=self.config, command=args)
         self._server_env = plan.spec.parallelism.server_env()
@@ -145,7 +147,8 @@ class AbTest:
         sides["head"] = self._start_side(case, case.head, model_dir, args)
         env = self.perf.environment(plan, sides["base"].endpoint)
         driver = self.perf.driver(plan, model_dir, env)
-        out = AbOutcome(case, plan, pairs, [], sides, [], None, [], [], env)
+        out = AbOutcome(case, plan, pairs, [], sides, [], None, [], [], env, perm=perm)
+        out.failures += perm.failures(case.file_name) if perm is not None else []
         out.hygiene = self._hygiene([s.server for s in sides.values()], env)
         for name, state in sides.items():
             driver.warm_up(state.endpoint, f"moeperf {case.id}: {name}")
@@ -179,6 +182,16 @@ class AbTest:
             return out
         self._judge(out)
         return out
+
+    def _perm(self, case: AbCase, plan: Plan, model_dir: Path, dtype: str | None) -> Any:
+        """The per-M kernel A/B, before any server holds the GPU (``perm_gate.in_gate``)."""
+        from pytest_moeperf import options
+        from pytest_moeperf.ab.perm_gate import in_gate
+
+        summary = options.resolve_path(self.config, "moeperf_ab_summary")
+        root = summary.parent if summary is not None else self.perf.workdir
+        return in_gate(case, dtype, model_dir, root / "perm" / case.id,
+                       [plan.spec.max_num_seqs], self.perf.say)  # fmt: skip
 
     def _greedy(self, out: AbOutcome, names: tuple[str, ...], vocab_size: int) -> None:
         """Greedy outputs of the fixed prompt set from each named side (output equivalence);

@@ -191,7 +191,8 @@ def markdown_summary(out: AbOutcome, command: str) -> str:
         *tiling_lines(out),
         "```",
     ]
-    lines += ["", kernel_line(out.env.backend)]
+    perm = getattr(out, "perm", None)
+    lines += ["", *(perm.summary_lines() if perm is not None else [kernel_line(out.env.backend)])]
     if out.equivalence is not None:
         lines += ["", out.equivalence.line()]
     if out.warnings:
@@ -201,11 +202,9 @@ def markdown_summary(out: AbOutcome, command: str) -> str:
 
 
 def kernel_line(backend: str, reason: str | None = None) -> str:
-    """The per-M kernel A/B's line: why it was skipped here, or how to run it on this GPU.
-
-    The gate does not time kernels itself yet: in its process the timing would hold a CUDA
-    context beside the two live servers. ``reason`` defaults to ``kernel_bench.skip_reason()``.
-    """
+    """The per-M kernel A/B's line where the gate saw no GPU: why it was skipped. (With a GPU
+    the gate runs it, ``perm_gate``, and prints its table instead.) ``reason`` defaults to
+    ``kernel_bench.skip_reason()``."""
     if backend == "cpu":
         reason = reason or "the vLLM CPU backend has no fused-MoE Triton kernels to time"
     elif reason is None:
@@ -215,9 +214,8 @@ def kernel_line(backend: str, reason: str | None = None) -> str:
     if reason:
         return f"Per-M kernel A/B: skipped: {reason}."
     return (
-        "Per-M kernel A/B (which keys moved, numerics, a best-of-both file): not run by the "
-        "gate yet; on this GPU, `python benchmarks/h200/perm_kernels.py --base BASE.json "
-        "--head HEAD.json --dtype bf16 --out moeperf-results/perm` (docs/ab-gate.md)."
+        "Per-M kernel A/B: skipped: the gate saw no GPU through NVML, though the kernels could "
+        "run here (`python -m pytest_moeperf.ab.perm_cli`, docs/ab-gate.md)."
     )
 
 
