@@ -194,3 +194,31 @@ def test_the_gate_summary_prints_the_per_m_block_instead_of_the_skip_line() -> N
     assert "Per-M kernel A/B (advice; numerics gate):" in text
     assert "| 4096 | 4096 | 4096 | 898.8 | 3,649 |" in text
     assert "Per-M kernel A/B: skipped" not in text
+
+
+def test_cross_check_against_the_sweep_level_by_level() -> None:
+    """The H100's large-M-worse per-M verdicts against a sweep: unchanged keys predict nothing,
+    slower keys predict lower tok/s; the nearest timed M stands for a level (100 -> M=96)."""
+    per_m = perm_gate.read(RECORDED, "large-M-worse-bf16").per_m
+    assert per_m[48] == ("same", 0.0) and per_m[64][0] == "slower"
+    sweep = {1: (100.0, 99.0), 64: (1000.0, 970.0), 100: (1200.0, 1212.0), 7: (50.0, 0.0)}
+    assert perm_gate.cross_check(per_m, sweep) == [
+        "Cross-check, per-M kernel vs concurrency sweep (decode batch M = concurrency):",
+        "- concurrency 1: kernel at M=1 unchanged; sweep -1.0 % output tok/s (one run's noise)",
+        "- concurrency 64: kernel at M=64 +5.9 % (slower); sweep -3.0 % output tok/s: agrees",
+        "- concurrency 100: kernel at M=96 +6.4 % (slower); sweep +1.0 % output tok/s: disagrees",
+    ]  # level 7 has no head figure: left out
+    faster = {16: ("faster", -0.05)}
+    assert perm_gate.cross_check(faster, {16: (10.0, 11.0)})[1].endswith(": agrees")
+    assert perm_gate.cross_check({}, sweep) == []
+    assert perm_gate.cross_check(per_m, {}) == []
+
+
+def test_the_gate_summary_carries_the_cross_check() -> None:
+    from tests.test_ab import _outcome
+
+    out = _outcome(control=False, backend="cuda")  # sweep: 1 -> 100/99, 4 -> 300/240 tok/s
+    out.perm = perm_gate.read(RECORDED, "one-middle-key-worse-bf16")
+    text = markdown_summary(out, "pytest x")
+    assert "- concurrency 4: kernel at M=4 unchanged; sweep -20.0 % output tok/s" in text
+    assert text.index("Cross-check") > text.index("Per-M kernel A/B (advice")

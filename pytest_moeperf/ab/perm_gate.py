@@ -39,6 +39,8 @@ class PermOutcome:
     numerics_message: str = ""
     predicted_gain: float | None = None
     files: list[Path] = field(default_factory=list)
+    #: M -> (verdict "slower" / "faster" / "same", head vs base time - 1)
+    per_m: dict[int, tuple[str, float]] = field(default_factory=dict)
 
     def failures(self, file_name: str) -> list[str]:
         """The gate fails when the timing could not run or a tiling computes wrongly."""
@@ -137,6 +139,7 @@ def read(out: Path, name: str) -> PermOutcome:
     head = doc["head_config"]
     slower = [int(m) for m, c in doc["comparisons"].items() if c.get("verdict") == "slower"]
     regressed = sorted({serving_key(head, m) for m in slower}, key=int)
+    per_m = {int(m): (str(c["verdict"]), float(c["delta"])) for m, c in doc["comparisons"].items()}
     return PermOutcome(
         table_md=paths[1].read_text(encoding="utf-8"),
         regressed_keys=regressed,
@@ -144,4 +147,43 @@ def read(out: Path, name: str) -> PermOutcome:
         numerics_message=str(doc.get("numerics_message", "")),
         predicted_gain=doc["best_of_both"].get("predicted_gain"),
         files=paths,
+        per_m=per_m,
     )
+
+
+#: what a per-M verdict predicts for output tok/s at the concurrency whose decode batch it is
+_EXPECTS = {"slower": -1, "faster": 1}
+
+
+def cross_check(per_m: dict[int, tuple[str, float]],
+                sweep: dict[int, tuple[float, float]]) -> list[str]:  # fmt: skip
+    """Per-M kernel verdicts against the end-to-end concurrency sweep, level by level.
+
+    At concurrency c a closed loop decodes batches of up to c sequences, so the fused-MoE
+    kernel runs mostly at M = c: the timed M nearest c stands for it. A slower kernel there
+    predicts lower output tok/s, a faster one higher; the sweep (``sweep``: c -> (base, head)
+    tok/s, one run a side) agrees when its change has that sign. Where the kernel is unchanged
+    nothing is predicted, and the line gives the sweep's change as the noise of one run.
+    """
+    if not per_m:
+        return []
+    lines = []
+    for c in sorted(sweep):
+        base, head = sweep[c]
+        if not base or not head:
+            continue
+        m = min(per_m, key=lambda k: (abs(k - c), k))
+        verdict, delta = per_m[m]
+        change = head / base - 1
+        seen = f"sweep {change * 100:+.1f} % output tok/s"
+        want = _EXPECTS.get(verdict)
+        if want is None:
+            lines.append(f"- concurrency {c}: kernel at M={m} unchanged; {seen} (one run's noise)")
+            continue
+        word = "agrees" if want * change > 0 else "disagrees"
+        lines.append(f"- concurrency {c}: kernel at M={m} {delta * 100:+.1f} % ({verdict}); "
+                     f"{seen}: {word}")  # fmt: skip
+    if lines:
+        lines.insert(0, "Cross-check, per-M kernel vs concurrency sweep (decode batch M = "
+                        "concurrency):")  # fmt: skip
+    return lines

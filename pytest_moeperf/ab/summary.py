@@ -123,6 +123,19 @@ def _sweep_rows(out: AbOutcome) -> list[str]:
     return rows
 
 
+def _cross_check(out: AbOutcome, perm: Any) -> list[str]:
+    """The per-M verdicts against the sweep (``perm_gate.cross_check``), when both exist."""
+    from pytest_moeperf.ab.perm_gate import cross_check
+
+    if perm is None or not perm.per_m:
+        return []
+    base = {e["concurrency"]: e.get("output_tok_s") or 0.0 for e in out.sides["base"].sweep}
+    head = {e["concurrency"]: e.get("output_tok_s") or 0.0 for e in out.sides["head"].sweep}
+    both = {int(c): (float(base[c]), float(head[c])) for c in set(base) & set(head)}
+    got = cross_check(perm.per_m, both)
+    return ["", *got] if got else []
+
+
 def tiling_lines(out: AbOutcome) -> list[str]:
     """Which batch sizes M the change moves to another tiling (vLLM uses the nearest key)."""
     from pytest_moeperf.moeconfig.coverage import diff_coverage
@@ -193,6 +206,7 @@ def markdown_summary(out: AbOutcome, command: str) -> str:
     ]
     perm = getattr(out, "perm", None)
     lines += ["", *(perm.summary_lines() if perm is not None else [kernel_line(out.env.backend)])]
+    lines += _cross_check(out, perm)
     if out.equivalence is not None:
         lines += ["", out.equivalence.line()]
     if out.warnings:
