@@ -291,3 +291,11 @@ def test_tiling_lines_show_which_m_values_change() -> None:
     lines = tiling_lines(_outcome(control=False))
     assert lines[0].startswith("base -> head:") and "change tiling" in lines[0]
     assert len(lines) <= 10
+
+
+def test_sweep_row_keeps_the_figures_the_summary_reads() -> None:
+    from pytest_moeperf.ab.interleave import sweep_row
+
+    row = sweep_row(16, "head", {"output_tok_s": 300.0, "tpot_p99_ms": 9.0, "goodput": 1.0})
+    assert row == {"concurrency": 16, "config": "head", "rate": None, "output_tok_s": 300.0,
+                   "ttft_p99_ms": None, "tpot_p99_ms": 9.0, "tok_per_j": None}  # fmt: skip

@@ -256,24 +256,12 @@ class AbTest:
     def _sweep(
         self, driver: Any, sides: dict[str, SideState], levels: list[int], case: AbCase
     ) -> None:
-        from pytest_moeperf.ab.interleave import sweep_order
+        from pytest_moeperf.ab.interleave import sweep_order, sweep_row
 
         for c, side in sweep_order(levels):
-            run = driver.run(
-                sides[side].endpoint, 0, f"moeperf {case.id}: {side} sweep", concurrency=c
-            )
-            m = run.metrics
-            sides[side].sweep.append(
-                {
-                    "concurrency": c,
-                    "config": side,
-                    "rate": None,
-                    "output_tok_s": m.get("output_tok_s"),
-                    "ttft_p99_ms": m.get("ttft_p99_ms"),
-                    "tpot_p99_ms": m.get("tpot_p99_ms"),
-                    "tok_per_j": m.get("tok_per_j"),
-                }
-            )
+            run = driver.run(sides[side].endpoint, 0, f"moeperf {case.id}: {side} sweep",
+                             concurrency=c)  # fmt: skip
+            sides[side].sweep.append(sweep_row(c, side, run.metrics))
 
     def _judge(self, out: AbOutcome) -> None:
         from pytest_moeperf.ab import equivalence

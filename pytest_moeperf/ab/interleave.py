@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from pytest_moeperf.errors import UsageError
 
@@ -81,3 +81,10 @@ def sweep_order(
         first, second = (a, b) if i % 2 == 0 else (b, a)
         out += [(c, first), (c, second)]
     return out
+
+
+def sweep_row(concurrency: int, side: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    """One sweep level of one side, as the summary, the report and the cross-check read it."""
+    keep = ("output_tok_s", "ttft_p99_ms", "tpot_p99_ms", "tok_per_j")
+    return {"concurrency": concurrency, "config": side, "rate": None,
+            **{k: metrics.get(k) for k in keep}}  # fmt: skip
