@@ -200,9 +200,11 @@ def test_warm_up_runs_each_level_unmeasured_and_says_so(monkeypatch: pytest.Monk
     monkeypatch.setattr(driver, "WARM_OPEN_LOOP_S", 1.5)
     url, srv = serve(delay_s=0.001)
     calls: list[tuple[int, int, str]] = []
+    clips: list[int | None] = []
 
     def fake_fixed(endpoint: Any, spec: Any, slo: Any, **kw: Any) -> None:
         calls.append((kw["concurrency"], kw["num_requests"], kw["meter"].name))
+        clips.append(spec.workload.max_output_tokens)
         return SimpleNamespace(fixed={"n_ok": kw["num_requests"]})
 
     monkeypatch.setattr(probe, "measure_fixed", fake_fixed)
@@ -212,9 +214,12 @@ def test_warm_up_runs_each_level_unmeasured_and_says_so(monkeypatch: pytest.Monk
     d.warm_up(probe.Endpoint(url, "m"), "t")
     assert [(c, n) for c, n, _ in calls] == [(1, 4), (2, 4), (4, 8)]
     assert {m for _, _, m in calls} == {NotMeasuredMeter("x").name}
+    # the compile levels decode a few tokens; the last keeps the workload's lengths (its
+    # throughput sets the first rate)
+    assert clips == [driver.WARM_COMPILE_TOKENS, driver.WARM_COMPILE_TOKENS, None]
     assert srv.stats.requests == 2  # ceil(1 req/s (cpu-smoke's rate_min) x 1.5 s), sent for real
-    assert lines == ["t: warmed up (18 requests at concurrency 1, 2, 4 in turn, then Poisson at "
-                     "1 req/s for 1.5 s, not measured)"]  # fmt: skip
+    assert lines == ["t: warmed up (18 requests at concurrency 1, 2, 4 in turn, 16 output tokens "
+                     "below 4, then Poisson at 1 req/s for 1.5 s, not measured)"]  # fmt: skip
 
 
 def test_cpu_warm_up_has_no_open_loop_phase(monkeypatch: pytest.MonkeyPatch) -> None:

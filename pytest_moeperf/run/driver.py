@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_moeperf.errors import MoePerfError
@@ -45,6 +45,12 @@ MERGED_CHUNKS = 1.1
 #: machine paid one or two probes climbing, and a slow one (a 3-5x slower VM, or the e2e test's
 #: slowed server) could find "SLO not met at the lowest rate".
 WARM_START_FRACTION = 0.5
+#: Output tokens of every warm-up level but the last. Those levels are there to compile the
+#: tiling of each decode batch size, which a few decode steps at that batch do; with chat-mix's
+#: outputs (median 256, p90 1,024 tokens, ~25 s at the tail on an H100) two requests a level cost
+#: 20-30 s each, and the ladder took ~3 of the ~7 minutes before chat-mix's first probe. The last
+#: level keeps the workload's lengths: its throughput sets the search's first rate.
+WARM_COMPILE_TOKENS = 16
 
 
 def warm_levels(spec: Spec, gpu: bool) -> tuple[int, ...]:
@@ -102,9 +108,13 @@ class RunDriver:
         levels = self.warm or warm_levels(self.spec, gpu=False)
         self._settle(endpoint)
         sent, thr = 0, 0.0
+        w = self.spec.workload
+        short = replace(self.spec, workload=replace(w, max_output_tokens=min(
+            WARM_COMPILE_TOKENS, w.max_output_tokens or WARM_COMPILE_TOKENS)))  # fmt: skip
         for i, c in enumerate(levels):
             n = max(4, 2 * c)
-            run = measure_fixed(endpoint, self.spec, self.slo, index=999 + i,
+            spec = self.spec if i == len(levels) - 1 else short
+            run = measure_fixed(endpoint, spec, self.slo, index=999 + i,
                                 meter=NotMeasuredMeter("warm-up"), vocab_size=self.vocab_size,
                                 concurrency=c, num_requests=n, mbu_inputs=None)  # fmt: skip
             fixed = run.fixed or {}
@@ -113,7 +123,8 @@ class RunDriver:
             sent += n
             thr = float(fixed.get("request_throughput") or 0.0)
         at = f"concurrency {levels[0]}" if len(levels) == 1 else (
-            f"concurrency {', '.join(map(str, levels))} in turn")  # fmt: skip
+            f"concurrency {', '.join(map(str, levels))} in turn, "
+            f"{short.workload.max_output_tokens} output tokens below {levels[-1]}")  # fmt: skip
         start, first = self.spec_rate_min, ""
         if self.fixed_concurrency is None and thr > 0:
             why = "search.rate_min"
