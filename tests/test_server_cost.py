@@ -96,6 +96,20 @@ def test_a_stalled_client_makes_the_boundary_inconclusive_with_both_figures() ->
     assert out["tpot_p99_ms"].outcome == "regressed"  # not searched: its verdict stands
 
 
+def test_an_inconclusive_boundary_also_names_the_stalls() -> None:
+    from dataclasses import replace
+
+    from pytest_moeperf.verdict.server_cost import stalled_verdicts
+
+    raw = [replace(v, outcome="inconclusive", reason="within the band", advice="rerun")
+           if v.metric == "slo_goodput_tok_s" else v for v in _verdicts()]  # fmt: skip
+    (goodput, tpot) = stalled_verdicts(raw, [_lag_run(3.0)] * 3, [_lag_run(448.0)] * 3)
+    assert goodput.outcome == "inconclusive"
+    assert goodput.reason.startswith("within the band; and the machine stalled the client")
+    assert goodput.advice.startswith("rerun; measure on a quiet machine")
+    assert tpot == raw[1]
+
+
 def test_the_committed_cpu_baseline_was_itself_recorded_during_stalls() -> None:
     # its boundary probes' clients sent p99 ~470 ms late; a fresh clone on the same VM read
     # -45 % goodput "regressed" against it with unchanged code (2026-12-05)

@@ -98,7 +98,8 @@ def stalled_verdicts(
     either side's client sent late at the boundary by more than ``STALL_FRACTION`` of the TTFT
     SLO: a machine that stalls every process moves the boundary by itself (a fresh clone on the
     2-vCPU VM read -45 % goodput "regressed" with the same code, during stalls), so such a
-    difference is not the server's. Other metrics keep their verdicts."""
+    difference is not the server's. A searched metric already inconclusive says the stalls are
+    one reason why; other metrics keep their verdicts."""
     from dataclasses import replace
 
     from pytest_moeperf.verdict.metrics import DEFAULT_METRICS
@@ -115,12 +116,15 @@ def stalled_verdicts(
         f"{100 * STALL_FRACTION:.0f} % of the {slo:,.0f} ms TTFT SLO): the boundary moves with "
         "the stalls, not only with the server"
     )
+    advice = "measure on a quiet machine (benchmarks/machine_stalls.py shows the stalls)"
     out = []
     for v in verdicts:
         spec = DEFAULT_METRICS.get(v.metric)
-        if v.outcome in ("regressed", "improved") and spec is not None and spec.searched:
-            v = replace(v, outcome="inconclusive", reason=f"{v.reason}; but {why}",
-                        advice="measure on a quiet machine (benchmarks/machine_stalls.py "
-                               "shows the stalls)")  # fmt: skip
+        if spec is None or not spec.searched:
+            pass
+        elif v.outcome in ("regressed", "improved"):
+            v = replace(v, outcome="inconclusive", reason=f"{v.reason}; but {why}", advice=advice)
+        elif v.outcome == "inconclusive":  # already: say the stalls are one reason why
+            v = replace(v, reason=f"{v.reason}; and {why}", advice=f"{v.advice}; {advice}")
         out.append(v)
     return out
