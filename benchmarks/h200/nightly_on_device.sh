@@ -10,6 +10,10 @@
 #                      written in /root/moeperf-out/baselines (a copy of the committed folder)
 #   nightly            the whole nightly selection (every --gpu test but the A/B gate), refresh
 #   longrun            benchmarks/h200/long_run_check.py at the bf16 baseline's boundary R and 1.1 R
+#   gate               the PR gate end to end on an H200 (another GPU skips it: the file is
+#                      the H200's): in-tree vs large-M-worse (every key M >= 64 poorly tiled),
+#                      with the per-M kernel A/B, the A/A control and a sweep at 16, 64, 128
+#                      for the per-M cross-check; summary and per-M files in gate/
 #   slow               the known slowdown: the poor tiling (perf_tests/moe_configs/h200-poor) on
 #                      the bf16 spec, 2 runs recorded in slow-baselines/, then `moeperf compare`
 #                      of the bf16 baseline against it (the config hash keys it apart, so the
@@ -57,6 +61,16 @@ PY
     env_run python3 -m pytest_moeperf.cli compare \
       "$(ls "$O"/baselines/*test_h200_fixed_in_tree*/cuda-*.json | head -1)" \
       "$(ls "$O"/slow-baselines/*/cuda-*.json | head -1)" > "$O/compare-slow.txt" 2>&1 ;;
+  gate)
+    local G="$O/gate" f=E=128,N=768,device_name=NVIDIA_H200.json
+    mkdir -p "$G/cases" "$G/large-M-worse"
+    env_run python3 -m pytest_moeperf.ab.perm_cli --make-cases "$G/cases" \
+      --base "/root/site/vllm/model_executor/layers/fused_moe/configs/$f" > "$O/gate-cases.log" 2>&1
+    cp "$G/cases/large-M-worse.json" "$G/large-M-worse/$f"
+    env_run python3 -X faulthandler -m pytest perf_tests/test_moe_ab.py --gpu -k moe_config_ab_h200 \
+      -p no:cacheprovider -rA --moeperf-ab-folders "perf_tests/moe_configs/in-tree,$G/large-M-worse" \
+      --moeperf-ab-control --moeperf-sweep 16,64,128 --moeperf-ab-summary "$G/ab-summary.md" \
+      --moeperf-results "$G/results.json" > "$O/pytest-gate.log" 2>&1 ;;
   kernels)
     local K="$O/kernels" base
     base=/root/site/vllm/model_executor/layers/fused_moe/configs/E=128,N=768,device_name=NVIDIA_H200.json
@@ -101,6 +115,7 @@ watch)
   done
   cat "$O/state.txt" 2>/dev/null
   tail -n 4 "$O"/pytest-*.log "$O/long-run.log" "$O/kernels.log" 2>/dev/null
+  cat "$O/gate/ab-summary.md" 2>/dev/null
   grep -h "SLO boundary\|steady\|tokens a chunk" "$O"/pytest-*.log 2>/dev/null | tail -n 12
   nvidia-smi > "$O/nvidia-smi-now.txt" 2>&1
   tar -C /root -czf "$OUT/out.tgz" moeperf-out ;;
