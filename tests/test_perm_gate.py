@@ -66,7 +66,8 @@ def test_summary_block_is_the_table_and_the_files() -> None:
     assert "- regressed keys (head slower): 48 (M=48)" in text
     assert "# Per-M kernel A/B" not in text  # the file's title is left out
     stem = "one-middle-key-worse-bf16"
-    assert lines[-1] == f"Written: `{stem}.json`, `{stem}.md`, `{stem}-best-of-both.json`."
+    assert lines[-1] == (f"Written in `{RECORDED}`: `{stem}.json`, `{stem}.md`, "
+                         f"`{stem}-best-of-both.json`.")  # fmt: skip
 
 
 def test_a_numerics_failure_fails_the_gate_with_the_message(tmp_path: Path) -> None:
@@ -155,6 +156,24 @@ def test_run_lays_out_both_files_and_reads_what_the_subprocess_wrote(
     assert (args["--dtype"], args["--workload-ms"], args["--budget-s"]) == ("bf16", "256", "40.0")
     assert json.loads(Path(args["--head"]).read_text())["64"]["BLOCK_SIZE_M"] == 16
     assert "stand-in for perm_cli" in (out / "perm.log").read_text()
+
+
+def test_a_rerun_into_the_same_folder_starts_clean(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The second gate run in one results folder lays its files out again (the folder of the
+    first would be refused as not empty) and never reads the first run's tables."""
+    stand_in(monkeypatch, tmp_path, fail=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert perm_gate.run(case(), None, tmp_path, out, []).error is None
+    again = perm_gate.run(case(), None, tmp_path, out, [])
+    assert again.error is None and again.regressed_keys[0] == "64"
+    stand_in(monkeypatch, tmp_path, fail=True)
+    failed = perm_gate.run(case(), None, tmp_path, out, [])
+    assert failed.error is not None
+    stem = NAME.removesuffix(".json")
+    assert not any(p.exists() for p in perm_gate.outputs(out, f"{stem}-bf16"))
 
 
 def test_a_failed_subprocess_fails_the_gate_with_its_last_lines(

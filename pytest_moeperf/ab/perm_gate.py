@@ -11,6 +11,7 @@ advice, except numerics: a tiling whose error exceeds the dtype's rounding fails
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -55,8 +56,9 @@ class PermOutcome:
             return [f"Per-M kernel A/B: failed: {self.error}"]
         body = self.table_md.split("\n", 2)[2] if self.table_md.count("\n") >= 2 else ""
         files = ", ".join(f"`{p.name}`" for p in self.files)
+        where = self.files[0].parent if self.files else "?"
         return ["Per-M kernel A/B (advice; numerics gate):", "", body.strip(), "",
-                f"Written: {files}."]  # fmt: skip
+                f"Written in `{where}`: {files}."]  # fmt: skip
 
 
 def in_gate(case: AbCase, dtype_selector: str | None, shape_dir: Path, out: Path,
@@ -108,7 +110,10 @@ def run(case: AbCase, dtype_selector: str | None, shape_dir: Path, out: Path,
     reason = skip_reason()
     if reason:
         return PermOutcome(skipped=reason)
-    files = out / "configs"
+    files, name = out / "configs", f"{Path(case.file_name).stem}-{dtype}"
+    shutil.rmtree(files, ignore_errors=True)  # a rerun into the same results folder:
+    for old in outputs(out, name):  # nothing of the last run may be read as this one's
+        old.unlink(missing_ok=True)
     base, head = (side_file(s, case.file_name, files) for s in (case.base, case.head))
     for f in (base, head):
         if isinstance(f, str):
@@ -124,12 +129,17 @@ def run(case: AbCase, dtype_selector: str | None, shape_dir: Path, out: Path,
     if proc.returncode != 0:
         tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
         return PermOutcome(error=f"exit {proc.returncode}: {' | '.join(tail)} (log: {log})")
-    return read(out, f"{head.stem}-{dtype}")
+    return read(out, name)
+
+
+def outputs(out: Path, name: str) -> list[Path]:
+    """What ``perm_cli`` writes for one pair: raw samples, the table, the merged config."""
+    return [out / f"{name}.json", out / f"{name}.md", out / f"{name}-best-of-both.json"]
 
 
 def read(out: Path, name: str) -> PermOutcome:
     """The outcome from the files ``perm_cli`` wrote for one pair."""
-    paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}-best-of-both.json"]
+    paths = outputs(out, name)
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         return PermOutcome(error=f"perm_cli wrote no {', '.join(missing)}")
