@@ -266,6 +266,7 @@ class AbTest:
     def _judge(self, out: AbOutcome) -> None:
         from pytest_moeperf.ab import equivalence
         from pytest_moeperf.verdict import judge_all
+        from pytest_moeperf.verdict.server_cost import load_confounded
 
         g = out.greedy
         if "base" in g and "head" in g:
@@ -278,7 +279,9 @@ class AbTest:
 
         base = _measured(out.sides["base"].runs)
         src = f"A/B {out.case.file_name}"
-        out.verdicts = judge_all(base, _measured(out.sides["head"].runs), source=src)
+        out.verdicts = load_confounded(
+            judge_all(base, _measured(out.sides["head"].runs), source=src)
+        )
         for v in out.verdicts:
             if v.fails:
                 out.failures.append(

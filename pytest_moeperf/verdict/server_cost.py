@@ -9,6 +9,7 @@ kernel's.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -128,3 +129,33 @@ def stalled_verdicts(
             v = replace(v, reason=f"{v.reason}; and {why}", advice=f"{v.advice}; {advice}")
         out.append(v)
     return out
+
+
+#: p99 latencies read off a search run's boundary probe (``run/probe.py``)
+BOUNDARY_LATENCIES = ("ttft_p99_ms", "tpot_p99_ms", "e2el_p99_ms")
+
+
+def load_confounded(verdicts: Sequence[Any]) -> list[Any]:
+    """Latency verdicts that only say the two boundaries carried different loads: inconclusive.
+
+    A search run reads every metric at its SLO boundary, and p99 latency there rises with the
+    boundary's rate. When the candidate's boundary moved (the rate's verdict is not unchanged),
+    a latency that got worse at a *higher* rate, or better at a *lower* one, is the load, not
+    the server: in CI on the stalling VM the baseline's runs put the boundary at 14.6 req/s and
+    the next run at 35.7, and p99 TPOT read +92 % "regressed" with unchanged code. A latency that
+    got worse at a lower rate (the slowed server of tests/test_e2e_baseline.py) keeps its verdict.
+    """
+    from dataclasses import replace
+
+    rate = next((v for v in verdicts if v.metric == "slo_rate_rps"), None)
+    if rate is None or rate.outcome == "unchanged" or not math.isfinite(rate.delta_rel):
+        return list(verdicts)
+    more = rate.delta_rel > 0
+    confounded = "regressed" if more else "improved"
+    why = (f"but it was read at the SLO boundary, whose rate moved {rate.delta_rel * 100:+.0f} % "
+           f"from the baseline's ({'more' if more else 'less'} load), and p99 latency there "
+           "moves with the load")  # fmt: skip
+    return [replace(v, outcome="inconclusive", reason=f"{v.reason}; {why}",
+                    advice="compare latencies at one rate: a spec with a fixed arrival rate")
+            if v.metric in BOUNDARY_LATENCIES and v.outcome == confounded else v
+            for v in verdicts]  # fmt: skip
