@@ -395,7 +395,7 @@ def test_due_times_follow_each_requests_length() -> None:
     due = due_times(recs, 0.0, 10.0, median_e2el_s=9.9)
     assert due == pytest.approx([2.36, 2.3, 4.36, 14.1])
     flat = [(float(t), 0.0) for t in range(5)]
-    assert excess_series(recs, due, 0.0, 4.0, points=5) == flat
+    assert excess_series(recs, due, in_system_series(recs, 0.0, 4.0, points=5)) == flat
     nothing_ok = [replace(r, status="http_error") for r in recs]
     assert due_times(nothing_ok, 0.0, 10.0, median_e2el_s=2.0) == [3.0, 4.0, 5.0, 6.0]
 

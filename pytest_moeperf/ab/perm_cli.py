@@ -164,13 +164,18 @@ def summarize(
     return "\n".join(lines) + "\n", doc, merged
 
 
+def outputs(out: Path, name: str) -> list[Path]:
+    """What one pair writes to ``out``: raw samples, the table, the merged config."""
+    return [out / f"{name}.json", out / f"{name}.md", out / f"{name}-best-of-both.json"]
+
+
 def write_report(
     out: Path, name: str, base: Mapping[str, Any], head: Mapping[str, Any], result: BenchResult,
     title: str = "head vs base",
 ) -> list[Path]:  # fmt: skip
     md, doc, merged = summarize(base, head, result, title=title)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{name}.json", out / f"{name}.md", out / f"{name}-best-of-both.json"]
+    paths = outputs(out, name)
     paths[0].write_text(json.dumps(doc, indent=2) + "\n")
     paths[1].write_text(md)
     paths[2].write_text(merged.to_json())

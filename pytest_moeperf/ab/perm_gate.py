@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pytest_moeperf.ab.cases import AbCase, AbSide
+from pytest_moeperf.ab.perm_cli import outputs
 from pytest_moeperf.moeconfig.folder import in_tree_config_dir, lay_out_config_folder
 
 #: per-pair timing budget (the issue's goal: ~20 keys in at most 60 s on the H200)
@@ -130,11 +131,6 @@ def run(case: AbCase, dtype_selector: str | None, shape_dir: Path, out: Path,
         tail = log.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-3:]
         return PermOutcome(error=f"exit {proc.returncode}: {' | '.join(tail)} (log: {log})")
     return read(out, name)
-
-
-def outputs(out: Path, name: str) -> list[Path]:
-    """What ``perm_cli`` writes for one pair: raw samples, the table, the merged config."""
-    return [out / f"{name}.json", out / f"{name}.md", out / f"{name}-best-of-both.json"]
 
 
 def read(out: Path, name: str) -> PermOutcome:

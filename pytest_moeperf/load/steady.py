@@ -160,15 +160,13 @@ def due_times(records: Sequence[RequestRecord], start: float, end: float,
     return [r.send_s + ttft + max(length(r) - 1, 0) * tpot for r in records]
 
 
-def excess_series(records: Sequence[RequestRecord], due: Sequence[float], start: float,
-                  end: float, points: int = GRID_POINTS) -> list[tuple[float, float]]:  # fmt: skip
-    """Requests in the system beyond those the window's pace keeps there (sent, not yet due):
-    flat for a steady server whatever its lengths; rising for one that falls behind."""
-    out = []
-    for t, n in in_system_series(records, start, end, points):
-        paced = sum(1 for r, d in zip(records, due, strict=True) if r.send_s <= t < d)
-        out.append((t, n - paced))
-    return out
+def excess_series(records: Sequence[RequestRecord], due: Sequence[float],
+                  series: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:  # fmt: skip
+    """``series`` (``in_system_series``) less the requests the window's pace keeps there (sent,
+    not yet due): flat for a steady server whatever its lengths; rising for one that falls
+    behind."""
+    return [(t, n - sum(1 for r, d in zip(records, due, strict=True) if r.send_s <= t < d))
+            for t, n in series]  # fmt: skip
 
 
 def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_slo_ms: float,
@@ -203,8 +201,9 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
                            completed, due, notes=tuple(notes))  # fmt: skip
     sys_trend = None
     if length > 0:
-        actual = trend(in_system_series(records, start, end), length)
-        excess = trend(excess_series(records, due_at, start, end), length)
+        series = in_system_series(records, start, end)
+        actual = trend(series, length)
+        excess = trend(excess_series(records, due_at, series), length)
         if actual is not None and excess is not None:  # the limit scales with the real queue
             sys_trend = replace(excess, mean=actual.mean)
     # At a steady state what was due and what finished in the window differ by the change in
