@@ -54,7 +54,7 @@ def plugin_run(
     from pytest_moeperf.load.requests import build_requests
     from pytest_moeperf.load.runner import run_load
     from pytest_moeperf.load.serverstats import Sampler, wait_idle
-    from pytest_moeperf.run.probe import steady_check, summarize_steady
+    from pytest_moeperf.run.probe import fill_up, steady_check, summarize_steady
 
     idle = wait_idle(url)
     reqs = build_requests(
@@ -71,8 +71,9 @@ def plugin_run(
     sampler.start()
     run = run_load(url, model, reqs, mode="poisson", target=rate)
     stats = sampler.stop()
-    summary = summarize_steady(run, spec.slo, spec)
-    check = steady_check(run, summary, spec.slo, stats)
+    fill = fill_up(run, spec)
+    summary = summarize_steady(run, spec.slo, spec, fill_s=fill)
+    check = steady_check(run, summary, spec.slo, stats, fill_s=fill)
     s = summary.to_dict()
     return {
         "tool": "pytest-moeperf",

@@ -94,6 +94,9 @@ start)
   mkdir -p "$O" && cp -r baselines "$O/baselines"
   nvidia-smi -q > "$O/nvidia-smi-before.txt" 2>&1
   shift; commit=$1; shift
+  # written before the body starts: a `watch` in the same call must find it (2026-12-05 it
+  # looked before the first stage had written a line, and stopped as if on a fresh machine)
+  echo "started $(date -u +%T): $*" > "$O/state.txt"
   MOEPERF_GIT_COMMIT="$commit" setsid nohup bash "$0" body "$@" > "$O/driver.log" 2>&1 < /dev/null &
   echo "started $(date -u +%T): $*" ;;
 body)

@@ -172,6 +172,27 @@ def _draw_lengths(
     return out[0], out[1]
 
 
+def planned_output_lengths(workload: WorkloadSpec, max_model_len: int,
+                           count: int = 2000) -> list[int]:  # fmt: skip
+    """Output lengths the workload asks for, ``count`` of them (a replay: its rows), scaled and
+    fitted to the context as ``build_requests`` fits them: what a steady state holds."""
+    import numpy as np
+
+    if workload.trace == "replay":
+        if workload.resolved_path is None:
+            return []
+        rows = read_replay(workload.resolved_path)
+        raw_in = np.array([r.input_tokens for r in rows], dtype=np.float64)
+        raw_out = np.array([r.output_tokens for r in rows], dtype=np.float64)
+    else:
+        seed = np.random.SeedSequence([workload.seed, count]).spawn(3)[0]
+        raw_in, raw_out = _draw_lengths(workload, count, seed)
+    return [fit_to_context(scaled_length(int(i), workload.scale, workload.max_input_tokens),
+                           scaled_length(int(o), workload.scale, workload.max_output_tokens),
+                           max_model_len)[1]
+            for i, o in zip(raw_in.tolist(), raw_out.tolist(), strict=True)]  # fmt: skip
+
+
 def completions_url(base_url: str) -> str:
     """``/v1/completions`` of a server given as ``http://host:port`` or ``http://host:port/v1``
     (the accuracy task and the A/B gate's greedy requests)."""

@@ -6,10 +6,15 @@ before the queue has grown enough to push p99 TTFT past the limit (on an H200, 2
 met only when, over its measured window, all of these hold:
 
 * **long enough to judge**: the window spans at least ``MIN_WINDOW_E2EL`` median request
-  latencies and holds at least ``MIN_WINDOW_SENDS`` sends, and it starts no earlier than one
-  median latency after the first send (before that the server is still filling up, and every
-  rate read there is low); a shorter probe is *too short*: neither met nor missed, it is rerun
-  longer;
+  latencies and holds at least ``MIN_WINDOW_SENDS`` sends, and it starts only once the server
+  has *filled up* (``fill_up_s``): holds ``FILL_FRACTION`` of the requests that a steady state
+  at this rate holds, and no earlier than one median latency after the first send. Before that
+  the batch is smaller than the rate's, so every latency read there is low: on an H100 chat-mix
+  probes opened their window 6-8 s after the first send, where requests that last up to a
+  minute had filled the server to about half, and the window produced 62 % of the tokens that
+  the rate asks for. A shorter probe is *too short*: neither met nor missed, it is rerun
+  longer (one whose window fails a rule below is missed all the same: an unfilled server is the
+  better case);
 * **keeping up**: requests finished inside the window at no less than ``1 - COMPLETION_MARGIN``
   of the rate that were *due* in it. A request is due when it would finish at the window's own
   pace: its send time plus the window's median TTFT plus its length times the median TPOT
@@ -43,6 +48,7 @@ from typing import Any
 from pytest_moeperf.load.records import RequestRecord
 
 MIN_WINDOW_E2EL = 3.0
+FILL_FRACTION = 0.9
 MIN_WINDOW_SENDS = 30
 COMPLETION_MARGIN = 0.10
 QUEUE_GROWTH_MIN = 4.0
@@ -139,6 +145,43 @@ def in_system_series(records: Sequence[RequestRecord], start: float, end: float,
     return out
 
 
+def fill_time(durations: Sequence[float], fraction: float = FILL_FRACTION) -> float:
+    """Seconds of sends after which the server holds ``fraction`` of its steady-state requests.
+
+    Requests arriving at a steady rate from t = 0, each staying D seconds, number rate x
+    E[min(D, t)] at t, against rate x E[D] for good: the fill depends on the durations alone,
+    not on the rate or the arrival process. One length fills in ``fraction`` x D; chat-mix's
+    lognormal outputs (p99 ~12 x the median) take ~3.6 x their mean (57 s at 35 ms a token)."""
+    ds = sorted(d for d in durations if math.isfinite(d) and d >= 0)
+    total = sum(ds)
+    if not ds or total <= 0:
+        return 0.0
+    goal, below = fraction * total, 0.0  # sum(min(D, t)) = below + (n - k) t on [ds[k-1], ds[k]]
+    for k, d in enumerate(ds):
+        if below + (len(ds) - k) * d >= goal:
+            return (goal - below) / (len(ds) - k)
+        below += d
+    return ds[-1]
+
+
+def fill_up_s(records: Sequence[RequestRecord], lengths: Sequence[int] = ()) -> float:
+    """When a probe's window may open, from its first send: the later of ``fill_time`` and the
+    median latency (nan when no request finished). With ``lengths`` (the workload's planned
+    output lengths, many of them) the durations are modelled as the probe's median TTFT plus
+    (length - 1) x its median TPOT: a probe's own ~100 chat-mix latencies put the fill anywhere
+    from 21 to 134 s (one 3,000-token request moves it), the workload's 2,000 lengths do not."""
+    e2els = [e for r in records if r.ok and (e := r.e2el_s) is not None]
+    if not e2els:
+        return math.nan
+    tpots = [t for r in records if r.ok and (t := r.tpot_s) is not None]
+    ttfts = [t for r in records if r.ok and (t := r.ttft_s) is not None]
+    durations: Sequence[float] = e2els
+    if lengths and tpots and ttfts:
+        ttft, tpot = statistics.median(ttfts), statistics.median(tpots)
+        durations = [ttft + max(n - 1, 0) * tpot for n in lengths]
+    return max(fill_time(durations), statistics.median(e2els))
+
+
 def due_times(records: Sequence[RequestRecord], start: float, end: float,
               median_e2el_s: float) -> list[float]:  # fmt: skip
     """When each request would finish at the window's own pace: send + median TTFT + (length - 1)
@@ -169,10 +212,24 @@ def excess_series(records: Sequence[RequestRecord], due: Sequence[float],
             for t, n in series]  # fmt: skip
 
 
+def _fill_words(records: Sequence[RequestRecord]) -> str:
+    """Why filling up takes as long as it does, in the probe's own figures."""
+    e2els = sorted(e for r in records if r.ok and (e := r.e2el_s) is not None)
+    if not e2els:
+        return "no request finished"
+    p99 = e2els[min(len(e2els) - 1, math.ceil(0.99 * len(e2els)) - 1)]
+    return (
+        f"requests lasted {statistics.median(e2els):.1f} s median, {p99:.1f} s p99; a "
+        f"steady state holds {100 * FILL_FRACTION:.0f} % of its requests only then"
+    )
+
+
 def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_slo_ms: float,
           median_e2el_s: float, waiting: Sequence[tuple[float, float]] | None = None,
-          first_send_s: float | None = None) -> SteadyCheck:  # fmt: skip
-    """Judge the window [start, end] (run clock, seconds) of one probe's records."""
+          first_send_s: float | None = None,
+          fill_s: float | None = None) -> SteadyCheck:  # fmt: skip
+    """Judge the window [start, end] (run clock, seconds) of one probe's records; ``fill_s`` is
+    ``fill_up_s`` with the workload's lengths (from the records alone when None)."""
     length = end - start
     sends = [r for r in records if start <= r.send_s <= end]
     done = [r for r in records if r.ok and r.end_s is not None and start <= r.end_s <= end]
@@ -192,10 +249,16 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
                      f"request latencies ({MIN_WINDOW_E2EL * e2el:.1f} s)")  # fmt: skip
     if len(sends) < MIN_WINDOW_SENDS:
         short.append(f"window holds {len(sends)} sends, fewer than {MIN_WINDOW_SENDS}")
-    if first_send_s is not None and start - first_send_s < e2el * (1 - 1e-9):
-        short.append(f"window starts {start - first_send_s:.1f} s after the first send, "
-                     f"before one median request latency ({e2el:.1f} s): the server was "
-                     "still filling up")  # fmt: skip
+    fill = fill_up_s(records) if fill_s is None else fill_s
+    fill = max(fill, e2el) if math.isfinite(fill) else e2el
+    unfilled = None
+    if first_send_s is not None and start - first_send_s < fill * (1 - 1e-9):
+        unfilled = (
+            f"window starts {start - first_send_s:.1f} s after the first send, before "
+            f"the server filled up ({fill:.1f} s: {_fill_words(records)})"
+        )
+        if start - first_send_s < e2el * (1 - 1e-9):  # not even one latency: judge nothing
+            short.append(unfilled)
     if short:  # nothing below can be judged on so little: rerun longer
         return SteadyCheck(False, True, tuple(short), length, len(sends), len(done), offered,
                            completed, due, notes=tuple(notes))  # fmt: skip
@@ -247,9 +310,12 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
     if ttft_trend is not None and ttft_trend.rising(rise_limit):
         reasons.append(f"TTFT rising: +{ttft_trend.growth * 1e3:.0f} ms over the window "
                        f"(limit {rise_limit * 1e3:.0f} ms)")  # fmt: skip
-    too_short = unsure is not None and not reasons  # rerun longer, as for a short window
-    if unsure is not None and too_short:
-        reasons.append(unsure)
+    # An unfilled server holds fewer requests than the rate's steady state, so what it shows is
+    # the better case: a failure there stands; a pass waits for a longer probe (an overloaded
+    # queue's growing latencies push the fill-up out, and must not hide its failure).
+    too_short = (unsure is not None or unfilled is not None) and not reasons
+    if too_short:
+        reasons.extend(x for x in (unfilled, unsure) if x is not None)
     return SteadyCheck(
         steady=not reasons, too_short=too_short, reasons=tuple(reasons), window_s=length,
         sends=len(sends),

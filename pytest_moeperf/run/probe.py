@@ -232,11 +232,12 @@ def measure_run(
                          "recorded_requests": len(run.requests),
                          "by_status": dict(sorted(statuses.items()))})  # fmt: skip
             raise ServerDied(i + 1, rate, done)
-        summary = summarize_steady(run, slo, spec)
+        fill = fill_up(run, spec)
+        summary = summarize_steady(run, slo, spec, fill_s=fill)
         result = ProbeResult.from_summary(rate, summary)
         if run.aborted_early and result.reason is None:
             result = replace(result, met=False, aborted=True, reason=run.abort_reason)
-        check = steady_check(run, summary, slo, stats)
+        check = steady_check(run, summary, slo, stats, fill_s=fill)
         extra = {"steady": check.to_dict(), "server": stats.to_dict(),
                  "idle_wait": idle.to_dict(), "send_span_s": _send_span(run)}  # fmt: skip
         result = replace(result, summary={**result.summary, **extra})
@@ -249,7 +250,7 @@ def measure_run(
             result = replace(result, met=False, reason="not a steady state: "
                              + "; ".join(check.reasons))  # fmt: skip
             if check.too_short and not run.aborted_early:
-                needed = needed_span(summary, spec, rate)
+                needed = needed_span(summary, spec, rate, fill_s=fill)
         readings[rate] = (reading, run)
         done.append(result.to_dict())
         return result, needed
@@ -290,20 +291,32 @@ def median_e2el_s(run: RunRecord) -> float:
     return statistics.median(vals) if vals else math.nan
 
 
-def needed_span(summary: LoadSummary, spec: Spec, rate: float) -> tuple[float, float]:
-    """Send span whose window, after a one-latency fill-up, spans ``MIN_WINDOW_E2EL`` latencies
-    and holds ``MIN_WINDOW_SENDS`` sends at ``rate`` (with room for Poisson spread): (the span
-    at this rate, the part of it that latency asks for, which later probes keep)."""
+def needed_span(summary: LoadSummary, spec: Spec, rate: float,
+                fill_s: float = math.nan) -> tuple[float, float]:  # fmt: skip
+    """Send span whose window, after the fill-up (``fill_s``, ``load.steady.fill_up_s``; one
+    median latency when unknown), spans ``MIN_WINDOW_E2EL`` latencies and holds
+    ``MIN_WINDOW_SENDS`` sends at ``rate`` (with room for Poisson spread): (the span at this
+    rate, the part of it that latency asks for, which later probes keep)."""
     from pytest_moeperf.load.steady import MIN_WINDOW_E2EL, MIN_WINDOW_SENDS
 
     e2el = summary.e2el.p50_ms / 1e3 if math.isfinite(summary.e2el.p50_ms) else 1.0
+    fill = max(fill_s, e2el) if math.isfinite(fill_s) else e2el
     keep = max(1.0 - spec.window.cooldown_fraction - (spec.window.warmup_fraction or 0.0), 0.5)
-    by_time = (1.0 + MIN_WINDOW_E2EL) * e2el / keep
-    by_count = e2el + 1.5 * MIN_WINDOW_SENDS / rate / keep if rate > 0 else 0.0  # Poisson spread
+    by_time = (fill + MIN_WINDOW_E2EL * e2el) / keep
+    by_count = fill + 1.5 * MIN_WINDOW_SENDS / rate / keep if rate > 0 else 0.0  # Poisson spread
     return 1.15 * max(by_time, by_count), 1.15 * by_time
 
 
-def steady_check(run: RunRecord, summary: LoadSummary, slo: Slo, stats: Any) -> Any:
+def fill_up(run: RunRecord, spec: Spec) -> float:
+    """``load.steady.fill_up_s`` over the workload's planned lengths (see there why)."""
+    from pytest_moeperf.load.requests import planned_output_lengths
+    from pytest_moeperf.load.steady import fill_up_s
+
+    return fill_up_s(run.requests, planned_output_lengths(spec.workload, spec.model.max_model_len))
+
+
+def steady_check(run: RunRecord, summary: LoadSummary, slo: Slo, stats: Any,
+                 fill_s: float | None = None) -> Any:  # fmt: skip
     """``load.steady.judge`` over the summary's window, with the server's queue samples."""
     from pytest_moeperf.load.steady import judge
 
@@ -311,19 +324,21 @@ def steady_check(run: RunRecord, summary: LoadSummary, slo: Slo, stats: Any) -> 
     first = min(r.send_s for r in run.requests) if run.requests else 0.0
     return judge(run.requests, summary.window.start_s, summary.window.end_s,
                  ttft_slo_ms=slo.ttft_p99_ms, median_e2el_s=median_e2el_s(run),
-                 waiting=waiting, first_send_s=first)  # fmt: skip
+                 waiting=waiting, first_send_s=first, fill_s=fill_s)  # fmt: skip
 
 
-def summarize_steady(run: RunRecord, slo: Slo, spec: Spec) -> LoadSummary:
-    """The spec's steady-state window, starting no earlier than one median request latency
-    after the first send (before that the server is still filling up and every rate read there
-    is low); a run stopped so early that the window holds no send (an overload abort after a
-    few requests) is judged on everything it sent."""
+def summarize_steady(run: RunRecord, slo: Slo, spec: Spec,
+                     fill_s: float | None = None) -> LoadSummary:  # fmt: skip
+    """The spec's steady-state window, starting no earlier than the server has filled up
+    (``load.steady.fill_up_s``: before that its batch is smaller than the rate's, and every
+    latency read there is low; ``fill_s`` when known, else computed here); a run stopped so
+    early that the window holds no send (an overload abort after a few requests) is judged on
+    everything it sent."""
     from pytest_moeperf.metrics.summary import summarize
 
     warmup, cooldown = spec.window.resolve(_send_span(run))
     if run.mode == "poisson":
-        fill = median_e2el_s(run)
+        fill = fill_up(run, spec) if fill_s is None else fill_s
         if math.isfinite(fill):
             warmup = max(warmup, fill)
     try:
