@@ -66,6 +66,30 @@ def test_within_noise_beyond_min_effect_is_unchanged() -> None:
     assert "noise" in v.reason
 
 
+TPOT = DEFAULT_METRICS["tpot_p99_ms"]
+
+
+def test_a_band_too_wide_cannot_call_a_big_change_unchanged() -> None:
+    """CI, 2026-12-05: a baseline recorded while the VM stalled, p99 TPOT runs 9, 13 and 410 ms;
+    a server slowed by 50 ms a step read about +394 %, inside that band: inconclusive, saying
+    how wide the band is, not "unchanged"."""
+    v = judge(TPOT, [9.0, 13.0, 410.0], [200.0, 190.0, 210.0])
+    assert v.outcome == "inconclusive" and not v.fails
+    lo, hi = v.band
+    assert lo < 200.0 < hi and hi / lo > 2.0
+    ratio = re.search(r"that band spans ([\d,.]+)x \(", v.reason)
+    assert ratio is not None and float(ratio.group(1).replace(",", "")) == pytest.approx(
+        hi / lo, rel=0.05)  # fmt: skip
+    assert "the baseline's runs disagree too much" in v.reason
+    assert v.advice == "record the baseline again on a quiet machine, with more runs " \
+        "(--moeperf-runs)"  # fmt: skip
+
+
+def test_a_wide_band_still_calls_a_change_below_min_effect_unchanged() -> None:
+    v = judge(TPOT, [9.0, 13.0, 410.0], [36.05, 35.9, 36.1])  # ~ the baseline's geometric mean
+    assert abs(v.delta_rel) < TPOT.min_effect and v.outcome == "unchanged"
+
+
 def test_significant_but_below_min_effect_is_unchanged() -> None:
     base = [1000.0, 1000.2, 999.8, 1000.1, 999.9]
     cand = [995.0, 995.2, 994.8, 995.1, 994.9]  # -0.5 %, very significant

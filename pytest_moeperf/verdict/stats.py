@@ -301,6 +301,15 @@ def judge(
             f"({pstr} >= {config.alpha:g})"
         )
         advice = _advice(config, nb, nc, sd_pool, effect_log, "candidate")
+    elif scale == "log" and band_ratio(band) > MAX_UNCHANGED_BAND:
+        outcome = "inconclusive"
+        reason = (
+            f"{_pct(delta)} ({word}) is inside the {band_str}, but that band spans "
+            f"{band_ratio(band):,.1f}x ({band[0]:.4g} to {band[1]:.4g}): the baseline's runs "
+            f"disagree too much to call a change this size unchanged"
+        )
+        advice = ("record the baseline again on a quiet machine, with more runs "
+                  "(--moeperf-runs)")  # fmt: skip
     else:
         outcome = "unchanged"
         reason = f"{_pct(delta)} is within run-to-run noise ({pstr}, inside the {band_str})"
@@ -313,6 +322,22 @@ def judge(
         reason=reason,
         advice=advice,
     )
+
+
+#: A band wider than this factor (high over low) cannot call a change of at least the metric's
+#: minimum effect "unchanged": a wrong MoE config can halve throughput, and a band that would
+#: not see that is no evidence. In CI on 2026-12-05 a baseline recorded while the VM stalled had
+#: a p99 TPOT band of 0.14 to 1,244 ms, and a server slowed by 50 ms a step read +394 %
+#: "unchanged". Changes below the minimum effect stay unchanged.
+MAX_UNCHANGED_BAND = 2.0
+
+
+def band_ratio(band: tuple[float, float]) -> float:
+    """High over low end of a band (inf when the low end is <= 0, nan when unknown)."""
+    lo, hi = band
+    if math.isnan(lo) or math.isnan(hi):
+        return math.nan
+    return hi / lo if lo > 0 else math.inf
 
 
 def judge_all(
