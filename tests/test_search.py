@@ -538,12 +538,41 @@ def test_estimate_interpolates_the_headroom_in_log_log() -> None:
         (_probe(12.0, 3000.0, 30.0, aborted=True), "stopped early: a partial p99"),
         (_probe(12.0, 1500.0, 30.0, met=False), "p99s met, not a steady state"),
         (_probe(9.0, 2500.0, 30.0), "not above the met rate"),
+        (
+            ProbeResult(
+                12.0,
+                False,
+                {
+                    **_probe(12.0, 2020.0, 30.0).summary,
+                    "steady": {"steady": False, "too_short": False},
+                },
+            ),
+            "a p99 miss whose own steady-state check failed: its p99s are too low",
+        ),
+        (
+            ProbeResult(
+                12.0,
+                False,
+                {
+                    **_probe(12.0, 2020.0, 30.0).summary,
+                    "steady": {"steady": False, "too_short": True},
+                },
+            ),
+            "a p99 miss too short to judge",
+        ),
     ],
 )
 def test_estimate_stays_at_the_met_rate_when_the_miss_says_nothing_of_p99(
     hi: ProbeResult | None, why: str
 ) -> None:
     assert boundary_estimate(_probe(10.0, 1600.0, 30.0), hi, SLO) == 10.0, why
+
+
+def test_estimate_reads_a_steady_miss() -> None:
+    steady = {"steady": {"steady": True, "too_short": False}}
+    hi = ProbeResult(12.0, False, {**_probe(12.0, 2500.0, 30.0).summary, **steady})
+    lo = _probe(10.0, 1600.0, 30.0)
+    assert boundary_estimate(lo, hi, SLO) == pytest.approx(math.sqrt(10.0 * 12.0))
 
 
 def test_estimate_moves_with_the_server_where_the_bracket_steps() -> None:

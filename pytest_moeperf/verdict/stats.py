@@ -305,7 +305,7 @@ def judge(
         outcome = "inconclusive"
         reason = (
             f"{_pct(delta)} ({word}) is inside the {band_str}, but that band spans "
-            f"{band_ratio(band):,.1f}x ({band[0]:.4g} to {band[1]:.4g}): the baseline's runs "
+            f"{band_ratio(band):,.1f}x ({band[0]:,.4g} to {band[1]:,.4g}): the baseline's runs "
             f"disagree too much to call a change this size unchanged"
         )
         advice = ("record the baseline again on a quiet machine, with more runs "
