@@ -174,3 +174,21 @@ def test_an_unchanged_boundary_leaves_latency_verdicts_alone() -> None:
     got = _at_rates([24.0, 24.2, 24.4], [24.1, 24.2, 24.3], [6.0, 6.1, 6.2], [11.5, 11.7, 11.9])
     assert got["raw"]["slo_rate_rps"].outcome == "unchanged"
     assert got["out"] == got["raw"]
+
+
+def test_a_refresh_recorded_during_stalls_says_so_with_its_lag() -> None:
+    """The median boundary lag of the refreshed runs decides; the committed CPU baseline's own
+    runs (468 ms against a 2,000 ms SLO) would have been written with this line."""
+    from pytest_moeperf.verdict.server_cost import stalled_recording
+
+    assert stalled_recording([_lag_run(3.0)] * 3) is None
+    assert stalled_recording([_lag_run(150.0), _lag_run(900.0), _lag_run(199.0)]) is None
+    got = stalled_recording([_lag_run(150.0), _lag_run(900.0), _lag_run(828.0)])
+    assert got is not None and got.startswith(
+        "recorded while the machine stalled the client at the boundary (p99 send lag 828 ms, "
+        "over 10 % of the 2,000 ms TTFT SLO): SLO goodput and rate compared with it will read "
+        "inconclusive")  # fmt: skip
+    (path,) = (ROOT / "baselines").rglob("cpu-*.json")
+    committed = stalled_recording(json.loads(path.read_text())["runs"])
+    assert committed is not None and "p99 send lag 468 ms" in committed
+    assert stalled_recording([_run(0.0)] * 3) is None  # no lag recorded: nothing to say

@@ -409,11 +409,17 @@ class PerfTest:
                 data["baseline"]["refresh"] = f"not-written: {why}"
                 self.session.warn(f"{test_id}: baseline not-written: {why}")
                 return
+            run_dicts = [r.to_dict() for r in runs]
             self._candidate = (store, gates.candidate(
-                test_id, key, metrics, [r.to_dict() for r in runs], accuracy=accuracy,
+                test_id, key, metrics, run_dicts, accuracy=accuracy,
                 reason=str(s.reason.value or "")))  # fmt: skip
             data["baseline"]["status"] = "pending"
             data["baseline"]["refresh"] = "pending: written once the test body has passed"
+            from pytest_moeperf.verdict.server_cost import stalled_recording
+
+            if (stalled := stalled_recording(run_dicts)) is not None:
+                data["baseline"]["warnings"].append(f"this baseline was {stalled}")
+                self.session.warn(f"{test_id}: this baseline was {stalled}")
 
     def _table(self, data: dict[str, Any]) -> str:
         return result_table(data, self.verdicts)

@@ -90,6 +90,20 @@ def boundary_send_lag(runs: Sequence[Mapping[str, Any]]) -> tuple[float, float] 
     return lags[len(lags) // 2], slo
 
 
+def stalled_recording(runs: Sequence[Mapping[str, Any]]) -> str | None:
+    """What a refresh says when its own runs' boundary probes were sent late by a stalling
+    machine: the baseline is written (the user asked for it), but every later goodput verdict
+    against it will be inconclusive (``stalled_verdicts``), which the user should know now and
+    not at the next comparison. None when the runs were not stalled."""
+    got = boundary_send_lag(runs)
+    if got is None or not got[0] > STALL_FRACTION * got[1]:
+        return None
+    return (f"recorded while the machine stalled the client at the boundary (p99 send lag "
+            f"{got[0]:,.0f} ms, over {100 * STALL_FRACTION:.0f} % of the {got[1]:,.0f} ms TTFT "
+            "SLO): SLO goodput and rate compared with it will read inconclusive; record it "
+            "again on a quiet machine (benchmarks/machine_stalls.py shows the stalls)")  # fmt: skip
+
+
 def stalled_verdicts(
     verdicts: Sequence[Any],
     baseline_runs: Sequence[Mapping[str, Any]],
