@@ -69,6 +69,16 @@ def skip_if_recorded_during_stalls(runs: list[dict[str, Any]]) -> None:
                     "verdict against it can show the slowdown")  # fmt: skip
 
 
+def skip_if_this_run_stalled(result: dict[str, Any]) -> None:
+    """The slowed run's own stalls can explain its TPOT change when they are long enough (a
+    stall adds up to lag / (tokens - 1) to one request's TPOT): its verdict is then honestly
+    inconclusive (docs/verdicts.md), and nothing is proved either way."""
+    tpot = next((v for v in result["verdicts"] if v["metric"] == "tpot_p99_ms"), None)
+    if tpot is not None and tpot["outcome"] == "inconclusive" and "stalled" in tpot["reason"]:
+        pytest.skip(f"the slowed run itself was measured while the machine stalled: "
+                    f"{tpot['reason']}")  # fmt: skip
+
+
 def test_a_slowed_server_is_regressed_and_never_a_baseline(
     tutorial_checkout: tuple[Path, Any], tmp_path: Path
 ) -> None:
@@ -87,6 +97,8 @@ def test_a_slowed_server_is_regressed_and_never_a_baseline(
         env=clean_env(PYTHONPATH=step_delay_path(tmp_path / "plugins"),
                       MOEPERF_STEP_DELAY=STEP_DELAY),
     )  # fmt: skip
+    if results.is_file() and baseline.read_bytes() == before:
+        skip_if_this_run_stalled(json.loads(results.read_text())["results"][0])
     assert slowed.returncode == 1, tail(slowed)
     assert "regressed" in slowed.stdout, tail(slowed)
     assert "baseline not-written: the test failed" in slowed.stdout, tail(slowed)

@@ -192,3 +192,65 @@ def test_a_refresh_recorded_during_stalls_says_so_with_its_lag() -> None:
     committed = stalled_recording(json.loads(path.read_text())["runs"])
     assert committed is not None and "p99 send lag 468 ms" in committed
     assert stalled_recording([_run(0.0)] * 3) is None  # no lag recorded: nothing to say
+
+
+def _lag_run_tokens(lag_ms: float, tokens: float = 32.0) -> dict[str, Any]:
+    run = _lag_run(lag_ms)
+    run["probes"][0]["summary"]["mean_output_tokens"] = tokens
+    return run
+
+
+def _latency_verdicts(cand_tpot: list[float], cand_ttft: list[float]) -> list[Any]:
+    from pytest_moeperf.verdict import judge_all
+
+    base = {"tpot_p99_ms": [11.0, 10.8, 11.2], "ttft_p99_ms": [480.0, 490.0, 495.0]}
+    return judge_all(base, {"tpot_p99_ms": cand_tpot, "ttft_p99_ms": cand_ttft}, source="test")
+
+
+def test_a_latency_change_a_stall_explains_is_inconclusive() -> None:
+    """make perf, 2026-12-05: the same code, p99 TPOT 11.1 -> 25.8 ms "regressed" at an
+    unchanged boundary, its client ~1.1 s late: 1,119 ms over 31 tokens is 36 ms a token."""
+    from pytest_moeperf.verdict.server_cost import stalled_verdicts
+
+    raw = _latency_verdicts([25.0, 26.0, 25.5], [1400.0, 1450.0, 1500.0])
+    assert [v.outcome for v in raw] == ["regressed", "regressed"]
+    ttft, tpot = stalled_verdicts(raw, [_lag_run_tokens(5.0)] * 3, [_lag_run_tokens(1119.0)] * 3)
+    assert tpot.outcome == "inconclusive" and ttft.outcome == "inconclusive"
+    assert tpot.reason.endswith(
+        "but the machine stalled the client at the boundary (p99 send lag this run 1,119 ms): "
+        "a stall that long adds up to 36.1 ms to one request's TPOT, no less than this change"
+    )
+    assert "adds up to 1,119.0 ms to one request's TTFT" in ttft.reason
+    assert "machine_stalls.py" in tpot.advice
+
+
+def test_a_latency_change_larger_than_any_stall_keeps_its_verdict() -> None:
+    """The e2e test's server, slowed by 50 ms a step: TPOT +50 ms is beyond 36 ms a token."""
+    from pytest_moeperf.verdict.server_cost import stalled_verdicts
+
+    raw = _latency_verdicts([61.0, 62.0, 60.0], [2900.0, 3000.0, 3100.0])
+    out = stalled_verdicts(raw, [_lag_run_tokens(5.0)] * 3, [_lag_run_tokens(1119.0)] * 3)
+    assert [v.outcome for v in out] == ["regressed", "regressed"] and out == raw
+    quiet = stalled_verdicts(_latency_verdicts([25.0, 26.0, 25.5], [1400.0, 1450.0, 1500.0]),
+                             [_lag_run_tokens(5.0)] * 3, [_lag_run_tokens(150.0)] * 3)  # fmt: skip
+    assert [v.outcome for v in quiet] == ["regressed", "regressed"]  # 150 ms: no stall
+
+
+def test_a_stalled_refresh_never_replaces_a_compared_baseline() -> None:
+    """A stalled run may become a *first* baseline (with a warning); it never replaces one it
+    was compared with: there a slowed server reads inconclusive, passes, and would be written."""
+    from types import SimpleNamespace
+
+    from pytest_moeperf.run.measure import PerfTest
+
+    def runs(lag: float) -> list[Any]:
+        return [SimpleNamespace(to_dict=lambda: _lag_run(lag))] * 3
+
+    why = PerfTest._stalled_replacement("compared", "baselines/x/cpu.json", runs(828.0))
+    assert why == (
+        "this run was recorded while the machine stalled the client at the boundary (p99 send "
+        "lag 828 ms, over 10 % of the 2,000 ms TTFT SLO), so it does not replace the baseline "
+        "it was compared with (baselines/x/cpu.json); to accept it anyway, remove that file and "
+        "refresh again")  # fmt: skip
+    assert PerfTest._stalled_replacement("missing", None, runs(828.0)) is None
+    assert PerfTest._stalled_replacement("compared", "b.json", runs(5.0)) is None

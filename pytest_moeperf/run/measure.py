@@ -397,6 +397,7 @@ class PerfTest:
             why = (
                 partial
                 or ("quick mode" if plan.quick else None)
+                or self._stalled_replacement(outcome.status, outcome.path, runs)
                 or (("the test failed: " + "; ".join(reasons)) if reasons else None)
                 or (
                     None
@@ -409,7 +410,7 @@ class PerfTest:
                 data["baseline"]["refresh"] = f"not-written: {why}"
                 self.session.warn(f"{test_id}: baseline not-written: {why}")
                 return
-            run_dicts = [r.to_dict() for r in runs]
+            run_dicts = [r.to_dict() for r in runs]  # stalled but first: written, with a warning
             self._candidate = (store, gates.candidate(
                 test_id, key, metrics, run_dicts, accuracy=accuracy,
                 reason=str(s.reason.value or "")))  # fmt: skip
@@ -420,6 +421,22 @@ class PerfTest:
             if (stalled := stalled_recording(run_dicts)) is not None:
                 data["baseline"]["warnings"].append(f"this baseline was {stalled}")
                 self.session.warn(f"{test_id}: this baseline was {stalled}")
+
+    @staticmethod
+    def _stalled_replacement(status: str, path: str | None, runs: list[Any]) -> str | None:
+        """Why runs recorded while the machine stalled do not replace a compared baseline: their
+        boundary and latencies move with the stalls (a slowed server then reads inconclusive,
+        passes, and would become the baseline). A first baseline is written, with a warning."""
+        from pytest_moeperf.verdict.server_cost import stalled_recording
+
+        if status != "compared":
+            return None
+        stalled = stalled_recording([r.to_dict() for r in runs])
+        if stalled is None:
+            return None
+        return (f"this run was {stalled.split(':')[0]}, so it does not replace the baseline "
+                f"it was compared with ({path}); to accept it anyway, remove that file and "
+                "refresh again")  # fmt: skip
 
     def _table(self, data: dict[str, Any]) -> str:
         return result_table(data, self.verdicts)

@@ -109,12 +109,18 @@ def stalled_verdicts(
     baseline_runs: Sequence[Mapping[str, Any]],
     candidate_runs: Sequence[Mapping[str, Any]],
 ) -> list[Any]:
-    """Searched metrics (the boundary and its goodput) judged inconclusive, with a note, when
-    either side's client sent late at the boundary by more than ``STALL_FRACTION`` of the TTFT
-    SLO: a machine that stalls every process moves the boundary by itself (a fresh clone on the
-    2-vCPU VM read -45 % goodput "regressed" with the same code, during stalls), so such a
-    difference is not the server's. A searched metric already inconclusive says the stalls are
-    one reason why; other metrics keep their verdicts."""
+    """Verdicts that a stalling machine explains, judged inconclusive with a note, when either
+    side's client sent late at the boundary by more than ``STALL_FRACTION`` of the TTFT SLO.
+
+    Searched metrics (the boundary and its goodput) always: a machine that stalls every process
+    moves the boundary by itself (a fresh clone on the 2-vCPU VM read -45 % goodput "regressed"
+    with the same code, during stalls). A p99 latency read at the boundary when its change is no
+    larger than such a stall adds to one request (the lag for TTFT and E2EL, the lag over the
+    output tokens less one for TPOT): a stall freezes the server too (``make perf`` on
+    2026-12-05: the same code, p99 TPOT 11.1 -> 25.8 ms "regressed" at an unchanged boundary,
+    with the client ~1.1 s late; 1.1 s over 31 tokens is 36 ms). A larger change (a server slowed
+    by 50 ms a step) keeps its verdict. A verdict already inconclusive says the stalls are one
+    reason why; other metrics keep theirs."""
     from dataclasses import replace
 
     from pytest_moeperf.verdict.metrics import DEFAULT_METRICS
@@ -125,6 +131,7 @@ def stalled_verdicts(
     if not stalled:
         return list(verdicts)
     slo = (c or b or (0.0, 0.0))[1]
+    worst = max(lag for _, lag in stalled)
     figures = ", ".join(f"{who} {lag:,.0f} ms" for who, lag in stalled)
     why = (
         f"the machine stalled the client at the boundary (p99 send lag {figures}; over "
@@ -132,17 +139,45 @@ def stalled_verdicts(
         "the stalls, not only with the server"
     )
     advice = "measure on a quiet machine (benchmarks/machine_stalls.py shows the stalls)"
+    tokens = _boundary_output_tokens([*baseline_runs, *candidate_runs])
     out = []
     for v in verdicts:
         spec = DEFAULT_METRICS.get(v.metric)
-        if spec is None or not spec.searched:
-            pass
-        elif v.outcome in ("regressed", "improved"):
-            v = replace(v, outcome="inconclusive", reason=f"{v.reason}; but {why}", advice=advice)
+        reach = _stall_reach(v.metric, worst, tokens)
+        if spec is not None and spec.searched:
+            reason = why
+        elif reach is not None and abs(v.candidate_center - v.baseline_center) <= reach:
+            name = v.metric.split("_")[0].upper()
+            reason = (f"the machine stalled the client at the boundary (p99 send lag "
+                      f"{figures}): a stall that long adds up to {reach:,.1f} ms to one "
+                      f"request's {name}, no less than this change")  # fmt: skip
+        else:
+            out.append(v)
+            continue
+        if v.outcome in ("regressed", "improved"):
+            v = replace(v, outcome="inconclusive", reason=f"{v.reason}; but {reason}",
+                        advice=advice)  # fmt: skip
         elif v.outcome == "inconclusive":  # already: say the stalls are one reason why
-            v = replace(v, reason=f"{v.reason}; and {why}", advice=f"{v.advice}; {advice}")
+            v = replace(v, reason=f"{v.reason}; and {reason}", advice=f"{v.advice}; {advice}")
         out.append(v)
     return out
+
+
+def _boundary_output_tokens(runs: Sequence[Mapping[str, Any]]) -> float | None:
+    """Mean output tokens of the requests at the runs' boundary probes (None if unrecorded)."""
+    vals = [t for run in runs
+            if isinstance(t := ((_boundary_probe(run) or {}).get("summary") or {}).get(
+                "mean_output_tokens"), int | float) and t > 0]  # fmt: skip
+    return sum(vals) / len(vals) if vals else None
+
+
+def _stall_reach(metric: str, lag_ms: float, tokens: float | None) -> float | None:
+    """How much a stall of ``lag_ms`` can add to one request's p99 ``metric`` (ms)."""
+    if metric in ("ttft_p99_ms", "e2el_p99_ms"):
+        return lag_ms
+    if metric == "tpot_p99_ms" and tokens is not None and tokens > 1:
+        return lag_ms / (tokens - 1)
+    return None
 
 
 #: p99 latencies read off a search run's boundary probe (``run/probe.py``)
