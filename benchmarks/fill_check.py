@@ -28,16 +28,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks" / "h200"))
 
 
-def spec_text(scale: float) -> str:
-    import yaml
-
-    doc = yaml.safe_load((ROOT / "perf_tests" / "specs" / "cpu-smoke.yaml").read_text())
-    doc["name"] = f"cpu-chat-mix-x{scale:g}"
-    doc["model"]["max_model_len"] = 2048
-    doc["workload"] = {"trace": "chat-mix-v1", "num_requests": 40, "seed": 0, "scale": scale}
-    return yaml.safe_dump(doc, sort_keys=False)
-
-
 def p99(xs: list[float]) -> float:
     xs = sorted(xs)
     return xs[max(0, math.ceil(0.99 * len(xs)) - 1)] if xs else math.nan
@@ -63,6 +53,7 @@ def window_row(recs, t0: float, length: float) -> dict[str, float]:  # type: ign
 
 
 def main() -> int:
+    from due_rule_check import spec_text  # the same spec: cpu-smoke with chat-mix lengths
     from long_run_check import prepare, warm_server
 
     from pytest_moeperf.load.requests import build_requests, planned_output_lengths

@@ -374,8 +374,8 @@ def chat_lengths() -> tuple[int, ...]:
     from pytest_moeperf.load.requests import planned_output_lengths
     from pytest_moeperf.spec.model import WorkloadSpec
 
-    return tuple(planned_output_lengths(WorkloadSpec(trace="chat-mix-v1", num_requests=1000,
-                                                     seed=0), 8192))  # fmt: skip
+    return planned_output_lengths(WorkloadSpec(trace="chat-mix-v1", num_requests=1000, seed=0),
+                                  8192)  # fmt: skip
 
 
 def chat_mix(seed: int, servers: int | None = None, span: float = 40.0) -> list[RequestRecord]:

@@ -10,6 +10,7 @@ inside functions: this module is imported by the driver at run time only.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -172,25 +173,27 @@ def _draw_lengths(
     return out[0], out[1]
 
 
+@functools.lru_cache(maxsize=8)
 def planned_output_lengths(workload: WorkloadSpec, max_model_len: int,
-                           count: int = 2000) -> list[int]:  # fmt: skip
+                           count: int = 2000) -> tuple[int, ...]:  # fmt: skip
     """Output lengths the workload asks for, ``count`` of them (a replay: its rows), scaled and
-    fitted to the context as ``build_requests`` fits them: what a steady state holds."""
+    fitted to the context as ``build_requests`` fits them: what a steady state holds. Cached:
+    every probe of a spec asks for the same lengths."""
     import numpy as np
 
     if workload.trace == "replay":
         if workload.resolved_path is None:
-            return []
+            return ()
         rows = read_replay(workload.resolved_path)
         raw_in = np.array([r.input_tokens for r in rows], dtype=np.float64)
         raw_out = np.array([r.output_tokens for r in rows], dtype=np.float64)
     else:
         seed = np.random.SeedSequence([workload.seed, count]).spawn(3)[0]
         raw_in, raw_out = _draw_lengths(workload, count, seed)
-    return [fit_to_context(scaled_length(int(i), workload.scale, workload.max_input_tokens),
-                           scaled_length(int(o), workload.scale, workload.max_output_tokens),
-                           max_model_len)[1]
-            for i, o in zip(raw_in.tolist(), raw_out.tolist(), strict=True)]  # fmt: skip
+    return tuple(fit_to_context(scaled_length(int(i), workload.scale, workload.max_input_tokens),
+                                scaled_length(int(o), workload.scale, workload.max_output_tokens),
+                                max_model_len)[1]
+                 for i, o in zip(raw_in.tolist(), raw_out.tolist(), strict=True))  # fmt: skip
 
 
 def completions_url(base_url: str) -> str:
