@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-RequestStatus = Literal["ok", "http_error", "stream_cut", "timeout", "connect_error", "cancelled"]
+RequestStatus = Literal[
+    "ok", "http_error", "stream_cut", "timeout", "connect_error", "cancelled", "cut"
+]
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class RequestRecord:
 
     ``token_times_s`` holds the arrival time of every streamed token (a chunk carrying k tokens
     contributes k entries with the same time), so ITL and TPOT follow vLLM's definitions.
+    Status ``cut``: streaming normally when the probe's drain ended (``search.drain_s``) and
+    stopped by the client; it is neither finished nor failed (see ``tpot_s``,
+    ``projected_e2el_s``).
     """
 
     index: int
@@ -64,8 +69,28 @@ class RequestRecord:
         return self.end_s - self.send_s
 
     @property
+    def cut(self) -> bool:
+        return self.status == "cut"
+
+    @property
+    def projected_e2el_s(self) -> float | None:
+        """A cut request's latency had it run to its length at its own TPOT; else ``e2el_s``."""
+        if not self.cut:
+            return self.e2el_s
+        ttft, tpot = self.ttft_s, self.tpot_s
+        if ttft is None or tpot is None:
+            return None
+        return ttft + (self.max_tokens - 1) * tpot
+
+    @property
     def tpot_s(self) -> float | None:
-        """(latency - TTFT) / (output - 1), vLLM's definition; None for one-token outputs."""
+        """(latency - TTFT) / (output - 1), vLLM's definition; None for one-token outputs. For
+        a cut request, over the tokens it received (the last one's time for the latency)."""
+        if self.cut:
+            t = self.token_times_s
+            if self.first_token_s is None or len(t) < 2:
+                return None
+            return (t[-1] - self.first_token_s) / (len(t) - 1)
         ttft, e2el = self.ttft_s, self.e2el_s
         if ttft is None or e2el is None or self.output_tokens < 2:
             return None

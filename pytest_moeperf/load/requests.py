@@ -174,11 +174,11 @@ def _draw_lengths(
 
 
 @functools.lru_cache(maxsize=8)
-def planned_output_lengths(workload: WorkloadSpec, max_model_len: int,
-                           count: int = 2000) -> tuple[int, ...]:  # fmt: skip
-    """Output lengths the workload asks for, ``count`` of them (a replay: its rows), scaled and
-    fitted to the context as ``build_requests`` fits them: what a steady state holds. Cached:
-    every probe of a spec asks for the same lengths."""
+def planned_lengths(workload: WorkloadSpec, max_model_len: int,
+                    count: int = 2000) -> tuple[tuple[int, int], ...]:  # fmt: skip
+    """(input, output) lengths the workload asks for, ``count`` of them (a replay: its rows),
+    scaled and fitted to the context as ``build_requests`` fits them: what a steady state
+    holds. Cached: every probe of a spec asks for the same lengths."""
     import numpy as np
 
     if workload.trace == "replay":
@@ -192,8 +192,29 @@ def planned_output_lengths(workload: WorkloadSpec, max_model_len: int,
         raw_in, raw_out = _draw_lengths(workload, count, seed)
     return tuple(fit_to_context(scaled_length(int(i), workload.scale, workload.max_input_tokens),
                                 scaled_length(int(o), workload.scale, workload.max_output_tokens),
-                                max_model_len)[1]
+                                max_model_len)
                  for i, o in zip(raw_in.tolist(), raw_out.tolist(), strict=True))  # fmt: skip
+
+
+def planned_output_lengths(workload: WorkloadSpec, max_model_len: int,
+                           count: int = 2000) -> tuple[int, ...]:  # fmt: skip
+    """The output halves of ``planned_lengths``."""
+    return tuple(o for _, o in planned_lengths(workload, max_model_len, count))
+
+
+def random_prompts(lengths: Sequence[int], vocab_size: int, seed: Sequence[int],
+                   low_token_id: int = DEFAULT_LOW_TOKEN_ID) -> list[tuple[int, ...]]:  # fmt: skip
+    """Fresh random token-id prompts of the given lengths (ids in [low_token_id, vocab))."""
+    import numpy as np
+
+    _check_args(vocab_size, 2, low_token_id, 1.0, None)
+    rng = np.random.default_rng(np.random.SeedSequence(list(seed)))
+    ids = _token_ids(rng, sum(lengths), [(low_token_id, vocab_size)]).tolist()
+    out, pos = [], 0
+    for n in lengths:
+        out.append(tuple(ids[pos : pos + n]))
+        pos += n
+    return out
 
 
 def completions_url(base_url: str) -> str:

@@ -249,8 +249,9 @@ def judge(records: Sequence[RequestRecord], start: float, end: float, *, ttft_sl
                      f"request latencies ({MIN_WINDOW_E2EL * e2el:.1f} s)")  # fmt: skip
     if len(sends) < MIN_WINDOW_SENDS:
         short.append(f"window holds {len(sends)} sends, fewer than {MIN_WINDOW_SENDS}")
+    # ``fill_up_s`` is at least one median latency; a warm start's (``load.warmstart``) is not
     fill = fill_up_s(records) if fill_s is None else fill_s
-    fill = max(fill, e2el) if math.isfinite(fill) else e2el
+    fill = fill if math.isfinite(fill) else e2el
     unfilled = None
     if first_send_s is not None and start - first_send_s < fill * (1 - 1e-9):
         unfilled = (

@@ -153,12 +153,19 @@ class LoadSummary:
 
 def request_meets_slo(r: RequestRecord, slo: Slo) -> bool:
     """vLLM goodput rule: ok, TTFT and TPOT (0 for 1-token outputs) and E2EL within the SLO."""
-    if not r.ok or r.ttft_s is None or r.e2el_s is None:
+    e2el = r.projected_e2el_s
+    if not (r.ok or r.cut) or r.ttft_s is None or e2el is None:
         return False
     tpot = r.tpot_s or 0.0
     if r.ttft_s * 1000.0 > slo.ttft_p99_ms or tpot * 1000.0 > slo.tpot_p99_ms:
         return False
-    return slo.e2el_p99_ms is None or r.e2el_s * 1000.0 <= slo.e2el_p99_ms
+    return slo.e2el_p99_ms is None or e2el * 1000.0 <= slo.e2el_p99_ms
+
+
+def _sent_tokens(records: Sequence[RequestRecord]) -> int:
+    """Output tokens of the requests; a cut one counts what it asked for (``ignore_eos`` pins
+    the length: it would have produced that many)."""
+    return sum(r.max_tokens if r.cut else r.output_tokens for r in records)
 
 
 def _tokens_per_chunk(ok: Sequence[RequestRecord]) -> float:
@@ -209,12 +216,26 @@ def summarize(run: RunRecord, slo: Slo, *, warmup_s: float, cooldown_s: float) -
         raise UsageError("summarize()", "window", (start, end), "contains no request sends",
                          "widen the window or send more requests")  # fmt: skip
     ok = [r for r in inside if r.ok]
+    counted = [r for r in inside if r.ok or r.cut]  # a cut request streamed, it did not fail
     notes: list[str] = []
     ttfts: list[float] = []
     tpots: list[float] = []
     e2els: list[float] = []
     itls: list[float] = []
+    cut = [r for r in inside if r.cut]
+    if cut:
+        notes.append(
+            f"{len(cut)} requests of the window were still streaming at the drain's end "
+            "and were cut: TPOT over the tokens they received, E2EL projected from it"
+        )
     for r in inside:
+        if r.cut and r.ttft_s is not None:
+            ttfts.append(r.ttft_s)
+            if (tp := r.tpot_s) is not None:
+                tpots.append(tp)
+            e2els.append(r.projected_e2el_s or math.inf)
+            itls.extend(_chunk_gaps(r.token_times_s))
+            continue
         if not r.ok or r.ttft_s is None or r.e2el_s is None:
             if r.ok:
                 notes.append(f"request {r.index}: status ok but no token arrived; counted inf")
@@ -230,7 +251,7 @@ def summarize(run: RunRecord, slo: Slo, *, warmup_s: float, cooldown_s: float) -
     good = [r for r in inside if request_meets_slo(r, slo)]
 
     def tokens_in_window(rs: Sequence[RequestRecord]) -> int:
-        return sum(1 for r in rs if r.ok for t in r.token_times_s if start <= t <= end)
+        return sum(1 for r in rs if r.ok or r.cut for t in r.token_times_s if start <= t <= end)
 
     finished = [r for r in run.requests if r.ok and r.end_s is not None and start <= r.end_s <= end]
     good_ids = {id(r) for r in run.requests if request_meets_slo(r, slo)}
@@ -244,8 +265,9 @@ def summarize(run: RunRecord, slo: Slo, *, warmup_s: float, cooldown_s: float) -
             violations.append(f"p99 {label} {stats.p99_ms:.1f} ms > {limit:g} ms")
     if run.aborted_early:
         violations.append(f"aborted early: {run.abort_reason or 'no reason given'}")
-    failed = Counter(r.status for r in run.requests if not r.ok)
-    first_bad = next((r for r in run.requests if not r.ok and r.status != "cancelled"), None)
+    failed = Counter(r.status for r in run.requests if not (r.ok or r.cut))
+    first_bad = next((r for r in run.requests
+                      if not (r.ok or r.cut) and r.status != "cancelled"), None)  # fmt: skip
     first_error = None
     if first_bad is not None:
         code = f" HTTP {first_bad.http_status}" if first_bad.http_status else ""
@@ -256,7 +278,7 @@ def summarize(run: RunRecord, slo: Slo, *, warmup_s: float, cooldown_s: float) -
         n_requests=len(run.requests),
         n_ok=len(run.requests) - sum(failed.values()),
         failed_by_status=dict(sorted(failed.items())),
-        window=Window(start, end, len(inside), len(ok), len(inside) - len(ok)),
+        window=Window(start, end, len(inside), len(counted), len(inside) - len(counted)),
         ttft=ttft,
         tpot=tpot,
         itl=LatencyStats.of(itls),
@@ -271,12 +293,12 @@ def summarize(run: RunRecord, slo: Slo, *, warmup_s: float, cooldown_s: float) -
         slo_met=not violations,
         slo_violations=tuple(violations),
         mean_input_tokens=sum(r.input_tokens for r in inside) / len(inside),
-        mean_output_tokens=sum(r.output_tokens for r in ok) / len(ok) if ok else 0.0,
+        mean_output_tokens=_sent_tokens(counted) / len(counted) if counted else 0.0,
         aborted_early=run.aborted_early,
         abort_reason=run.abort_reason,
         notes=tuple(notes),
         first_error=first_error,
-        sent_tok_s=sum(r.output_tokens for r in ok) / length,
+        sent_tok_s=_sent_tokens(counted) / length,
         tokens_per_chunk=_tokens_per_chunk(ok),
         send_lag_p99_ms=LatencyStats.of(
             [max(r.send_s - r.scheduled_s, 0.0) for r in inside]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_moeperf.errors import MoePerfError
+from pytest_moeperf.load.warmstart import Pace
 from pytest_moeperf.metrics.energy import EnergyMeter, NotMeasuredMeter
 from pytest_moeperf.run.probe import Endpoint, MbuInputs, RunMeasurement
 from pytest_moeperf.spec.model import Slo, Spec
@@ -87,6 +88,8 @@ class RunDriver:
     _warm: dict[str, tuple[float, float | None, float | None]] = field(default_factory=dict)
     #: per server: rate -> the longer send span a too-short probe there needed (measure_run)
     _longer: dict[str, dict[float, float]] = field(default_factory=dict)
+    #: per server: the paces (median TTFT, TPOT) seen so far, which size warm starts
+    _paces: dict[str, list[Pace]] = field(default_factory=dict)
     _last_load: tuple[str, float] | None = None  # (server URL, when its last load ended)
 
     @property
@@ -122,6 +125,8 @@ class RunDriver:
                 raise WarmUpFailed(endpoint.base_url, fixed)
             sent += n
             thr = float(fixed.get("request_throughput") or 0.0)
+        if (pace := _fixed_pace(fixed, levels[-1])) is not None:
+            self._paces.setdefault(endpoint.base_url, []).append(pace)
         at = f"concurrency {levels[0]}" if len(levels) == 1 else (
             f"concurrency {', '.join(map(str, levels))} in turn, "
             f"{short.workload.max_output_tokens} output tokens below {levels[-1]}")  # fmt: skip
@@ -138,13 +143,15 @@ class RunDriver:
             self._warm[endpoint.base_url] = (start, None, None)  # the first run's start
             first = f"; the first search starts at {start:.3g} req/s ({why})"
         if len(levels) > 1:  # a GPU: then the open-loop pattern the probes use
-            sent += self._open_loop(endpoint, start, math.ceil(start * WARM_OPEN_LOOP_S))
+            paces = self._paces.setdefault(endpoint.base_url, [])
+            sent += self._open_loop(endpoint, start, math.ceil(start * WARM_OPEN_LOOP_S), paces)
             at += f", then Poisson at {start:.3g} req/s for {WARM_OPEN_LOOP_S:g} s"
         self._last_load = (endpoint.base_url, self.clock())
         self.say(f"{label}: warmed up ({sent} requests at {at}, not measured){first}")
 
-    def _open_loop(self, endpoint: Endpoint, rate: float, n: int) -> int:
-        """Unmeasured Poisson load (its own seeds, never a probe's requests); returns n."""
+    def _open_loop(self, endpoint: Endpoint, rate: float, n: int, paces: list[Pace]) -> int:
+        """Unmeasured Poisson load (its own seeds, never a probe's requests); returns n and
+        adds its pace to ``paces``."""
         from pytest_moeperf.load.requests import build_requests
         from pytest_moeperf.load.runner import run_load
         from pytest_moeperf.load.serverstats import wait_idle
@@ -155,9 +162,11 @@ class RunDriver:
                                   burstiness=s.arrival.burstiness, n=n,
                                   seed_offset=10**7)  # fmt: skip
         wait_idle(endpoint.base_url)
-        run_load(endpoint.base_url, endpoint.model, requests, mode="poisson",
-                 burstiness=s.arrival.burstiness, seed=s.workload.seed + 1,
-                 target=rate)  # fmt: skip
+        run = run_load(endpoint.base_url, endpoint.model, requests, mode="poisson",
+                       burstiness=s.arrival.burstiness, seed=s.workload.seed + 1,
+                       target=rate)  # fmt: skip
+        if (pace := Pace.of(run.requests, rate, "warm-up Poisson load")) is not None:
+            paces.append(pace)
         return n
 
     def run(
@@ -269,6 +278,7 @@ class RunDriver:
             min_span_s=span,
             say=self.say,
             longer_at=self._longer.setdefault(endpoint.base_url, {}),
+            paces=self._paces.setdefault(endpoint.base_url, []),
         )
 
 
@@ -284,6 +294,14 @@ class WarmUpFailed(MoePerfError):
             f"{first}. Check that the server serves /v1/completions for this model and that "
             "the spec's prompt lengths fit its max_model_len"
         )
+
+
+def _fixed_pace(fixed: dict[str, Any], level: int) -> Pace | None:
+    """The pace of a closed-loop warm-up level (median TTFT and TPOT), if it had both."""
+    ttft, tpot = (fixed.get(k, {}).get("p50_ms") for k in ("ttft", "tpot"))
+    if not all(isinstance(v, int | float) and math.isfinite(v) and v > 0 for v in (ttft, tpot)):
+        return None
+    return Pace(ttft / 1e3, tpot / 1e3, None, f"warm-up at concurrency {level}")
 
 
 def _ms(summary: dict[str, Any], key: str) -> str:

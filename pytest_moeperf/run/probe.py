@@ -14,13 +14,15 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_moeperf.errors import MoePerfError, UsageError
-from pytest_moeperf.load.records import RequestRecord, RunRecord
+from pytest_moeperf.load.records import RequestRecord, RequestSpec, RunRecord
+from pytest_moeperf.load.warmstart import is_warm
 from pytest_moeperf.metrics.energy import EnergyMeter, EnergyReading
 from pytest_moeperf.run.abort import AbortCheck, AbortPolicy
 from pytest_moeperf.run.search import ProbeResult, SearchResult
 from pytest_moeperf.spec.model import Slo, Spec
 
 if TYPE_CHECKING:
+    from pytest_moeperf.load.warmstart import Pace, WarmPlan
     from pytest_moeperf.metrics.summary import LoadSummary
 
 #: Default shortest send span of a search probe: enough for a queue to build at that rate.
@@ -138,7 +140,7 @@ def measure_run(
     on_probe_start: Callable[[int, float], None] | None = None,
     start_rate: float | None = None, hint_hi: float | None = None,
     min_span_s: float | None = None, say: Callable[[str], None] | None = None,
-    longer_at: dict[float, float] | None = None,
+    longer_at: dict[float, float] | None = None, paces: list[Pace] | None = None,
 ) -> RunMeasurement:  # fmt: skip
     """One search; ``on_probe_start(probe_number, rate)`` is called before each probe's load.
 
@@ -148,7 +150,8 @@ def measure_run(
     (rate -> send span, shared by the runs of one server and updated here) remembers the spans
     such reruns needed: a later probe within ``NEAR_RATE`` of such a rate starts that long.
     Every probe replays one schedule, so the same rate would come out too short again (a
-    2-core e2e run reran 8 probes, 4 of them at rates already rerun, ~15 s each).
+    2-core e2e run reran 8 probes, 4 of them at rates already rerun, ~15 s each). ``paces``
+    (shared like ``longer_at``, appended to here) size a spec's warm start (``load.warmstart``).
     """
     from pytest_moeperf.run.search import search_slo_boundary
 
@@ -207,11 +210,18 @@ def measure_run(
             rate=rate, burstiness=spec.arrival.burstiness, n=size(rate, longer),
             seed_offset=1000 * index + i, schedule_offset=SEARCH_SCHEDULE,
         )  # fmt: skip
+        warm = warm_plan(spec, paces or [], rate, vocab_size, seed=(1000 * index + i,))
+        if warm is not None:
+            requests = [*warm.requests, *requests]
+
+        cut_at = drain_end(spec, requests)
 
         def should_abort(records: Sequence[RequestRecord], now_s: float) -> str | None:
             if not endpoint.alive():
                 return "server process exited"
-            return abort(records, now_s)
+            if cut_at is not None and now_s >= cut_at:
+                return DRAIN_CUT
+            return abort([r for r in records if not is_warm(r)], now_s)  # the burst is no SLO
 
         idle = wait_idle(endpoint.base_url)  # never inherit the previous probe's queue
         if on_probe_start is not None:
@@ -224,6 +234,7 @@ def measure_run(
                        target=rate, should_abort=should_abort)  # fmt: skip
         reading = meter.stop()
         stats = sampler.stop()
+        run = mark_cut(run)
         energy.append({"rate": rate, **reading.to_dict()})
         if not endpoint.alive():
             statuses = Counter(r.status for r in run.requests)
@@ -232,14 +243,18 @@ def measure_run(
                          "recorded_requests": len(run.requests),
                          "by_status": dict(sorted(statuses.items()))})  # fmt: skip
             raise ServerDied(i + 1, rate, done)
-        fill = fill_up(run, spec)
+        fill, fill_info = fill_up_info(run, spec)
         summary = summarize_steady(run, slo, spec, fill_s=fill)
         result = ProbeResult.from_summary(rate, summary)
+        if paces is not None and (pace := _window_pace(run, summary, rate)) is not None:
+            paces.append(pace)
         if run.aborted_early and result.reason is None:
             result = replace(result, met=False, aborted=True, reason=run.abort_reason)
         check = steady_check(run, summary, slo, stats, fill_s=fill)
         extra = {"steady": check.to_dict(), "server": stats.to_dict(),
                  "idle_wait": idle.to_dict(), "send_span_s": _send_span(run)}  # fmt: skip
+        if warm is not None:
+            extra["warm_start"] = {**warm.to_dict(), **fill_info, "fill_s": fill}
         result = replace(result, summary={**result.summary, **extra})
         needed: tuple[float, float] | None = None
         if not idle.idle:
@@ -267,6 +282,30 @@ def measure_run(
     return run_m
 
 
+#: The abort reason that ends a probe's drain (``search.drain_s``): not an abort (``mark_cut``).
+DRAIN_CUT = "drain ended"
+
+
+def drain_end(spec: Spec, requests: Sequence[RequestSpec]) -> float | None:
+    """When a probe stops waiting for its requests (run clock), or None to wait for all."""
+    drain = spec.search.drain_s if spec.search else None
+    if drain is None or not requests:
+        return None
+    return max(r.arrival_s for r in requests) + drain
+
+
+def mark_cut(run: RunRecord) -> RunRecord:
+    """A run ended by its drain (``DRAIN_CUT``) is complete: the requests it stopped after
+    their first token are ``cut`` (their TPOT is read on the tokens they received), those
+    without one stay ``cancelled`` (drain_s is at least the TTFT SLO: they missed it)."""
+    if run.abort_reason != DRAIN_CUT:
+        return run
+    recs = [replace(r, status="cut", end_s=None, error=None)
+            if r.status == "cancelled" and r.first_token_s is not None else r
+            for r in run.requests]  # fmt: skip
+    return replace(run, requests=recs, aborted_early=False, abort_reason=None)
+
+
 #: Reruns of a probe that was too short to judge, each longer than the last.
 MAX_EXTENSIONS = 2
 #: A rerun's longer span carries to later probes at rates within this relative distance.
@@ -284,10 +323,15 @@ def _send_span_of(n: int, rate: float) -> float:
 
 
 def median_e2el_s(run: RunRecord) -> float:
-    """Median latency of the run's successful requests (nan if none): the fill-up time."""
+    """Median latency of the run's own successful requests (nan if none; a warm start's
+    part-done requests left out): the shortest fill-up and a third of the shortest window."""
     import statistics
 
-    vals = [e for r in run.requests if r.ok and (e := r.e2el_s) is not None]
+    vals = [
+        e
+        for r in run.requests
+        if (r.ok or r.cut) and not is_warm(r) and (e := r.projected_e2el_s) is not None
+    ]
     return statistics.median(vals) if vals else math.nan
 
 
@@ -300,7 +344,7 @@ def needed_span(summary: LoadSummary, spec: Spec, rate: float,
     from pytest_moeperf.load.steady import MIN_WINDOW_E2EL, MIN_WINDOW_SENDS
 
     e2el = summary.e2el.p50_ms / 1e3 if math.isfinite(summary.e2el.p50_ms) else 1.0
-    fill = max(fill_s, e2el) if math.isfinite(fill_s) else e2el
+    fill = fill_s if math.isfinite(fill_s) else e2el  # a warm start's may be below one latency
     keep = max(1.0 - spec.window.cooldown_fraction - (spec.window.warmup_fraction or 0.0), 0.5)
     by_time = (fill + MIN_WINDOW_E2EL * e2el) / keep
     by_count = fill + 1.5 * MIN_WINDOW_SENDS / rate / keep if rate > 0 else 0.0  # Poisson spread
@@ -308,11 +352,48 @@ def needed_span(summary: LoadSummary, spec: Spec, rate: float,
 
 
 def fill_up(run: RunRecord, spec: Spec) -> float:
-    """``load.steady.fill_up_s`` over the workload's planned lengths (see there why)."""
+    """``load.steady.fill_up_s`` over the workload's planned lengths (see there why), or
+    ``load.warmstart.warm_fill_up_s`` for a warm-started probe."""
+    return fill_up_info(run, spec)[0]
+
+
+def fill_up_info(run: RunRecord, spec: Spec) -> tuple[float, dict[str, Any]]:
+    """``fill_up`` and, for a warm start, the figures behind it."""
     from pytest_moeperf.load.requests import planned_output_lengths
     from pytest_moeperf.load.steady import fill_up_s
+    from pytest_moeperf.load.warmstart import warm_fill_up_s
 
-    return fill_up_s(run.requests, planned_output_lengths(spec.workload, spec.model.max_model_len))
+    lengths = planned_output_lengths(spec.workload, spec.model.max_model_len)
+    if any(is_warm(r) for r in run.requests):
+        return warm_fill_up_s(run.requests, lengths, run.target)
+    return fill_up_s(run.requests, lengths), {}
+
+
+def warm_plan(spec: Spec, paces: Sequence[Pace], rate: float, vocab_size: int,
+              seed: tuple[int, ...]) -> WarmPlan | None:  # fmt: skip
+    """The probe's warm start (``load.warmstart``): None when the spec asks for none or no
+    pace has been seen yet (that probe starts cold and waits for its fill-up)."""
+    from pytest_moeperf.load.requests import planned_lengths
+    from pytest_moeperf.load.warmstart import pick_pace, warm_population
+
+    if spec.search is None or not spec.search.warm_start:
+        return None
+    pace = pick_pace(paces, rate)
+    if pace is None:
+        return None
+    plan = warm_population(planned_lengths(spec.workload, spec.model.max_model_len), rate=rate,
+                           pace=pace, vocab_size=vocab_size, max_seqs=spec.max_num_seqs,
+                           seed=(spec.workload.seed, *seed, 77))  # fmt: skip
+    return plan if plan.requests else None
+
+
+def _window_pace(run: RunRecord, summary: LoadSummary, rate: float) -> Pace | None:
+    """The pace of the requests sent in the probe's window: what sizes the next warm start."""
+    from pytest_moeperf.load.warmstart import Pace
+
+    w = summary.window
+    inside = [r for r in run.requests if w.start_s <= r.send_s <= w.end_s]
+    return Pace.of(inside, rate, f"probe at {rate:.3g} req/s")
 
 
 def steady_check(run: RunRecord, summary: LoadSummary, slo: Slo, stats: Any,
@@ -344,9 +425,10 @@ def summarize_steady(run: RunRecord, slo: Slo, spec: Spec,
     try:
         return summarize(run, slo, warmup_s=warmup, cooldown_s=cooldown)
     except UsageError:
-        if len(run.requests) < 2:
+        own = replace(run, requests=[r for r in run.requests if not is_warm(r)])
+        if len(own.requests) < 2:
             raise
-        return summarize(run, slo, warmup_s=0.0, cooldown_s=0.0)
+        return summarize(own, slo, warmup_s=0.0, cooldown_s=0.0)
 
 
 def probe_size(rate: float, probe_requests: int, span_s: float | None) -> int:
@@ -400,7 +482,7 @@ def _energy_and_mbu(m: dict[str, float | None], notes: list[str], reading: Energ
                     mbu_inputs: MbuInputs | None) -> None:  # fmt: skip
     """tok/J, board power and MBU of one load run, or the reason each is not measured."""
     if reading.joules is not None and reading.joules > 0:
-        tokens = sum(r.output_tokens for r in run.requests if r.ok)
+        tokens = sum(r.output_tokens for r in run.requests if r.ok or r.cut)
         m["tok_per_j"] = tokens / reading.joules
         m["power_w"] = reading.avg_power_w
     else:

@@ -59,6 +59,7 @@ ARRIVAL_FIELDS = ("process", "rate", "concurrency", "burstiness")
 SLO_FIELDS = ("ttft_p99_ms", "tpot_p99_ms", "e2el_p99_ms")
 SEARCH_FIELDS = (
     "rate_min", "rate_max", "tolerance", "max_probes", "probe_requests", "probe_duration_s",
+    "warm_start", "drain_s",
 )  # fmt: skip
 WINDOW_FIELDS = ("warmup_s", "warmup_fraction", "cooldown_fraction")
 TRACES = ("chat-mix-v1", "fixed", "replay")
@@ -108,7 +109,7 @@ def _build(ctx: FieldCtx, data: object, base: Path) -> Spec:
     slo = _slo(ctx, ctx.mapping(ctx.get(top, (), "slo", MISSING), ("slo",), SLO_FIELDS))
     search = None
     if has_search:
-        search = _search(ctx, ctx.mapping(top["search"], ("search",), SEARCH_FIELDS))
+        search = _search(ctx, ctx.mapping(top["search"], ("search",), SEARCH_FIELDS), slo)
         if workload.trace == "replay":
             ctx.fail(
                 ("search",), "replay", "a replay trace keeps its own arrival times",
@@ -134,6 +135,17 @@ def _model(ctx: FieldCtx, m: dict[str, Any]) -> ModelSpec:
         tokenizer=ctx.str_(m, p, "tokenizer", None),
         prefix_caching=_prefix_caching(ctx, m),
     )
+
+
+WARM_FIX = "write `warm_start: true` to begin each probe with the steady-state population"
+
+
+def _flag(ctx: FieldCtx, m: dict[str, Any], p: FieldPath, key: str, fix: str) -> bool:
+    """A true/false field, false when absent."""
+    v = m.get(key, False)
+    if not isinstance(v, bool):
+        ctx.fail((*p, key), v, "must be true or false", fix)
+    return bool(v)
 
 
 def _prefix_caching(ctx: FieldCtx, m: dict[str, Any]) -> bool | None:
@@ -281,7 +293,7 @@ def _slo(ctx: FieldCtx, m: dict[str, Any]) -> Slo:
     )
 
 
-def _search(ctx: FieldCtx, m: dict[str, Any]) -> SearchSpec:
+def _search(ctx: FieldCtx, m: dict[str, Any], slo: Slo) -> SearchSpec:
     p: FieldPath = ("search",)
     rate_min = ctx.num(m, p, "rate_min")
     rate_max = ctx.num(m, p, "rate_max", None)
@@ -295,7 +307,20 @@ def _search(ctx: FieldCtx, m: dict[str, Any]) -> SearchSpec:
         max_probes=ctx.int_(m, p, "max_probes", 7, minimum=2),
         probe_requests=ctx.int_(m, p, "probe_requests", None),
         probe_duration_s=ctx.num(m, p, "probe_duration_s", None),
+        warm_start=_flag(ctx, m, p, "warm_start", WARM_FIX),
+        drain_s=_drain(ctx, m, p, slo),
     )
+
+
+def _drain(ctx: FieldCtx, m: dict[str, Any], p: FieldPath, slo: Slo) -> float | None:
+    """``search.drain_s``: at least the TTFT SLO, so that a request cut without a first token
+    has surely missed it."""
+    drain: float | None = ctx.num(m, p, "drain_s", None)
+    ttft = slo.ttft_p99_ms / 1e3
+    if drain is not None and drain < ttft:
+        ctx.fail((*p, "drain_s"), drain, f"is below the TTFT SLO ({ttft:g} s)",
+                 f"use drain_s >= {ttft:g} or omit it (wait for every request)")  # fmt: skip
+    return drain
 
 
 def _window(ctx: FieldCtx, m: dict[str, Any]) -> WindowSpec:

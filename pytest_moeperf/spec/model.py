@@ -144,6 +144,10 @@ class SearchSpec:
     max_probes: int = 7
     probe_requests: int | None = None
     probe_duration_s: float | None = None
+    #: begin each probe with the steady-state population (``load.warmstart``)
+    warm_start: bool = False
+    #: seconds after its last send a probe waits for its requests; the rest are cut
+    drain_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,10 @@ class Spec:
             else:
                 d = asdict(value)
                 d.pop("resolved_path", None)
+                if isinstance(value, SearchSpec):  # unset: older specs keep their hash
+                    for key, unset in (("warm_start", False), ("drain_s", None)):
+                        if d[key] == unset:
+                            d.pop(key)
                 out[f.name] = d
         return out
 
