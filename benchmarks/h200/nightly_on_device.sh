@@ -8,7 +8,7 @@
 # Stages:
 #   bf16 | fp8 | chat  one nightly test with --moeperf-refresh-baselines (3 runs), judged and
 #                      written in /root/moeperf-out/baselines (a copy of the committed folder)
-#   chat2              the chat-mix test with 2 runs and no refresh (fits a short session)
+#   chat1 .. chat9     the chat-mix test with that many runs and no refresh (a short session)
 #   nightly            the whole nightly selection (every --gpu test but the A/B gate), refresh
 #   longrun            benchmarks/h200/long_run_check.py at the bf16 baseline's boundary R and 1.1 R
 #   gate               the PR gate end to end on an H200 (another GPU skips it: the file is
@@ -39,11 +39,11 @@ stage() {
   bf16) nightly_test bf16 perf_tests/test_h200.py::test_h200_fixed_in_tree ;;
   fp8) nightly_test fp8 perf_tests/test_h200.py::test_h200_fixed_fp8_in_tree ;;
   chat) nightly_test chat perf_tests/test_h200.py::test_h200_chat_mix_in_tree ;;
-  chat2)  # two runs, no refresh: a short device session's look at chat-mix's probes
+  chat[1-9])  # N runs, no refresh: a short device session's look at chat-mix's probes
     env_run python3 -X faulthandler -m pytest perf_tests/test_h200.py::test_h200_chat_mix_in_tree \
-      --gpu -p no:cacheprovider -rA --moeperf-runs 2 --moeperf-baseline-dir "$O/baselines" \
-      --moeperf-results "$O/results-chat2.json" --moeperf-report "$O/report-chat2" \
-      --junitxml "$O/junit-chat2.xml" > "$O/pytest-chat2.log" 2>&1 ;;
+      --gpu -p no:cacheprovider -rA --moeperf-runs "${1#chat}" --moeperf-baseline-dir "$O/baselines" \
+      --moeperf-results "$O/results-$1.json" --moeperf-report "$O/report-$1" \
+      --junitxml "$O/junit-$1.xml" > "$O/pytest-$1.log" 2>&1 ;;
   nightly) nightly_test nightly perf_tests -k "not moe_config_ab" ;;
   longrun)
     env_run python3 -X faulthandler benchmarks/h200/long_run_check.py \
