@@ -372,3 +372,12 @@ def test_a_later_probe_near_a_rate_that_was_rerun_starts_with_the_longer_span(
     assert sizes[0] >= round(rerun_size * 4.2 / 4.0) - 1  # the remembered span, not 3 s
     assert probe.remembered_span(shared, 4.5) is None  # 12.5 % away: the spec's span
     assert probe.remembered_span(None, 4.0) is None
+
+
+def test_a_warm_started_probe_says_so_on_its_line() -> None:
+    from pytest_moeperf.run.driver import _warm_text
+
+    assert _warm_text(None) == "" and _warm_text({"requests": 0}) == ""
+    assert _warm_text({"requests": 97, "fill_s": 7.43}) == (
+        ", warm start 97 requests, window from 7.4 s")  # fmt: skip
+    assert _warm_text({"requests": 5, "fill_s": float("inf")}) == ", warm start 5 requests"

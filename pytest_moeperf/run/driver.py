@@ -248,6 +248,7 @@ class RunDriver:
                 kept += f", {merged:.1f} tokens a chunk"
             kept += _preempted_text(s.get("server"))
             kept += _lag_text(s.get("send_lag_p99_ms"), self.slo.ttft_p99_ms)
+            kept += _warm_text(s.get("warm_start"))
             why = f": {res.reason}" if not res.met and res.reason else ""
             self.say(
                 f"{label} probe {k + 1} rate {rate:.3g} req/s: "
@@ -323,6 +324,15 @@ def _preempted_text(server: Any) -> str:
     peak = server.get("max_kv_cache_usage")
     kv = f" (KV cache peak {100 * peak:.0f} %)" if isinstance(peak, int | float) else ""
     return f", {server['preemptions']} preemptions{kv}"
+
+
+def _warm_text(warm: Any) -> str:
+    """ ", warm start N requests, window from T s" for a warm-started probe."""
+    if not isinstance(warm, dict) or not warm.get("requests"):
+        return ""
+    fill = warm.get("fill_s")
+    when = f", window from {fill:.1f} s" if isinstance(fill, int | float) and fill < 1e9 else ""
+    return f", warm start {warm['requests']} requests{when}"
 
 
 #: A client that sends this late (p99, as a share of the TTFT SLO) is named on the probe line.
