@@ -88,7 +88,8 @@ def test_pick_pace_prefers_the_nearest_rate_seen() -> None:
     assert pick_pace([], 5.0) is None
     assert pick_pace([closed], 5.0) is closed
     near = [closed, Pace(0.1, 0.02, 2.0, "a"), Pace(0.3, 0.04, 8.0, "b")]
-    assert pick_pace(near, 3.0) is near[1] and pick_pace(near, 6.0) is near[2]
+    assert pick_pace(near, 3.0) is near[1] and pick_pace(near, 7.9) is near[1]
+    assert pick_pace(near, 8.0) is near[2] and pick_pace(near, 1.0) is near[1]
 
 
 def simulate(seed: int, rate: float = RATE, span: float = 45.0, burst: float = 1.0,

@@ -60,12 +60,16 @@ def is_warm(record: RequestRecord) -> bool:
 
 
 def pick_pace(paces: Sequence[Pace], rate: float) -> Pace | None:
-    """The pace seen at the rate nearest ``rate`` (on a log scale); a closed-loop pace only
-    when no probe has run yet. TPOT grows with the rate, so a pace from far off sizes the
-    population wrongly; the fill-up rule then waits for it to settle."""
+    """The pace seen at the highest rate at or below ``rate`` (else the lowest above it); a
+    closed-loop pace only when no Poisson load has run yet. TPOT grows with the rate, so a
+    lower rate's pace sizes the population too small, which the fill-up waits out, and a
+    higher rate's too large, which overloads the probe from its first second."""
     rated = [p for p in paces if p.rate is not None and p.rate > 0]
+    below = [p for p in rated if p.rate is not None and p.rate <= rate]
+    if below:
+        return max(below, key=lambda p: p.rate or 0.0)
     if rated:
-        return min(rated, key=lambda p: abs(math.log(rate / p.rate)) if p.rate else math.inf)
+        return min(rated, key=lambda p: p.rate or math.inf)
     return paces[-1] if paces else None
 
 

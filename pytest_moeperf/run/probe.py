@@ -246,8 +246,6 @@ def measure_run(
         fill, fill_info = fill_up_info(run, spec)
         summary = summarize_steady(run, slo, spec, fill_s=fill)
         result = ProbeResult.from_summary(rate, summary)
-        if paces is not None and (pace := _window_pace(run, summary, rate)) is not None:
-            paces.append(pace)
         if run.aborted_early and result.reason is None:
             result = replace(result, met=False, aborted=True, reason=run.abort_reason)
         check = steady_check(run, summary, slo, stats, fill_s=fill)
@@ -266,6 +264,11 @@ def measure_run(
                              + "; ".join(check.reasons))  # fmt: skip
             if check.too_short and not run.aborted_early:
                 needed = needed_span(summary, spec, rate, fill_s=fill)
+        # only a met probe's pace sizes a warm start: a missed one's TTFT holds its queue
+        # (H100, 2026-12-06: sized at an overloaded 11.1 req/s probe's pace, the 6.48 req/s
+        # probe began with 240 requests, preempted 49 times and missed)
+        if paces is not None and result.met and (pace := _window_pace(run, summary, rate)):
+            paces.append(pace)
         readings[rate] = (reading, run)
         done.append(result.to_dict())
         return result, needed
