@@ -261,3 +261,26 @@ def test_a_warm_started_probe_on_a_streaming_server(tmp_path: Path, serve: Any) 
     assert window["n_requests"] <= own_sends  # the burst is outside the window
     assert window["start_s"] >= warm["fill_s"]
     assert len(paces) >= 2 and paces[1].rate == 60.0  # the probe's own pace, for the next
+
+
+def test_a_missed_probes_pace_never_sizes_a_warm_start(tmp_path: Path, serve: Any) -> None:
+    """Every probe misses (TPOT SLO 1 ms at 10 ms decode steps): no pace is kept from them, so
+    each later probe is sized at the warm-up's pace, never at an overloaded probe's (on an H100
+    that began a 6.48 req/s probe with 240 requests where ~90 belong)."""
+    from pytest_moeperf.metrics.energy import NotMeasuredMeter
+    from pytest_moeperf.run.probe import Endpoint, measure_run
+    from pytest_moeperf.spec.loader import load_spec
+
+    url, _ = serve(delay_s=0.01, metrics=True)
+    path = tmp_path / "spec.yaml"
+    path.write_text(WARM_SPEC.replace("tpot_p99_ms: 200", "tpot_p99_ms: 1"))
+    spec = load_spec(path)
+    paces = [Pace(0.01, 0.011, None, "warm-up at concurrency 8")]
+    run = measure_run(Endpoint(url, "m"), spec, spec.slo, index=0,
+                      meter=NotMeasuredMeter("test"), vocab_size=500, rate_min=60.0,
+                      probe_requests=20, max_probes=2, mbu_inputs=None,
+                      paces=paces)  # fmt: skip
+    assert run.search is not None and not any(p.met for p in run.search.probes)
+    assert len(paces) == 1
+    sources = {p.summary["warm_start"]["pace"]["source"] for p in run.search.probes}
+    assert sources == {"warm-up at concurrency 8"}
