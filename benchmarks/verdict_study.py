@@ -911,7 +911,7 @@ def pseudo_metrics(
     times kept, so the steady-state window is rebuilt from them) and summarized as the plugin
     summarizes a probe. Returns the per-request metrics; the boundary rate is not resampled."""
     from pytest_moeperf.load.records import RunRecord
-    from pytest_moeperf.run.probe import summarize_steady
+    from pytest_moeperf.run.window import summarize_steady
 
     draw = sorted((rng.choice(records) for _ in records), key=lambda r: r.send_s)
     run = RunRecord("poisson", 0.0, 1.0, 0, 0.0, list(draw), 0.0)
@@ -929,7 +929,7 @@ def reproduce(run: RunData, spec: Spec) -> float | None:
     """Largest relative difference between the run's recorded metrics and the plugin's summary
     of its captured boundary probe (0: the records are the ones the metrics came from)."""
     from pytest_moeperf.load.records import RunRecord
-    from pytest_moeperf.run.probe import summarize_steady
+    from pytest_moeperf.run.window import summarize_steady
 
     if not run.boundary_records:
         return None

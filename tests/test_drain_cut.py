@@ -16,7 +16,7 @@ import pytest
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.load.records import RequestRecord, RunRecord
 from pytest_moeperf.metrics.summary import request_meets_slo, summarize
-from pytest_moeperf.run.probe import DRAIN_CUT, mark_cut
+from pytest_moeperf.run.window import DRAIN_CUT, mark_cut
 from pytest_moeperf.spec.loader import load_spec
 from pytest_moeperf.spec.model import Slo
 

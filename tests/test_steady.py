@@ -330,7 +330,7 @@ def mmc(seed: int, load: float) -> list[RequestRecord]:
 
 
 def probe_like(recs: list[RequestRecord], lengths: tuple[int, ...] = ()) -> SteadyCheck:
-    """The probe's window (``run.probe.summarize_steady``): 10 % cut at each end, and it opens
+    """The probe's window (``run.window.summarize_steady``): 10 % cut at each end, and it opens
     no earlier than the fill-up (``fill_up_s``, with the workload's ``lengths`` if given)."""
     return judge(recs, *window_of(recs, lengths), ttft_slo_ms=500.0,
                  median_e2el_s=statistics.median(r.e2el_s or 0.0 for r in recs),

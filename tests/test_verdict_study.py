@@ -291,7 +291,7 @@ def test_attach_records_takes_the_last_capture_of_the_boundary_probe() -> None:
 
 
 def test_resampling_reproduces_and_varies_around_the_run() -> None:
-    from pytest_moeperf.run.probe import summarize_steady
+    from pytest_moeperf.run.window import summarize_steady
     from pytest_moeperf.spec.loader import load_spec
 
     spec = load_spec(vs.SPEC)

@@ -54,7 +54,7 @@ def plugin_run(
     from pytest_moeperf.load.requests import build_requests
     from pytest_moeperf.load.runner import run_load
     from pytest_moeperf.load.serverstats import Sampler, wait_idle
-    from pytest_moeperf.run.probe import fill_up, steady_check, summarize_steady
+    from pytest_moeperf.run.window import fill_up, steady_check, summarize_steady
 
     idle = wait_idle(url)
     reqs = build_requests(
