@@ -148,6 +148,17 @@ class FieldCtx:
             self.fail((*path, key), value, f"must be {rng}", f"use a finite number {rng}")
         return float(value)
 
+    def bool_(self, m: dict[str, Any], path: FieldPath, key: str, default: bool | None,
+              fix: str) -> Any:  # fmt: skip
+        """``true``/``false``; absent gives ``default``, and an explicit null is accepted only
+        where the default is None (unset)."""
+        value = m.get(key, default)
+        if value is None and default is None:
+            return None
+        if not isinstance(value, bool):
+            self.fail((*path, key), value, "must be true or false", fix)
+        return value
+
     def str_(self, m: dict[str, Any], path: FieldPath, key: str, default: Any = MISSING) -> Any:
         value = self.get(m, path, key, default)
         if value is default and default is not MISSING:

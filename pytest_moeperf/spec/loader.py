@@ -140,28 +140,17 @@ def _model(ctx: FieldCtx, m: dict[str, Any]) -> ModelSpec:
 WARM_FIX = "write `warm_start: true` to begin each probe with the steady-state population"
 
 
-def _flag(ctx: FieldCtx, m: dict[str, Any], p: FieldPath, key: str, fix: str) -> bool:
-    """A true/false field, false when absent."""
-    v = m.get(key, False)
-    if not isinstance(v, bool):
-        ctx.fail((*p, key), v, "must be true or false", fix)
-    return bool(v)
-
-
 def _prefix_caching(ctx: FieldCtx, m: dict[str, Any]) -> bool | None:
     """``true``/``false``, or absent (vLLM's default, which is on): the hit rate is recorded."""
-    v = m.get("prefix_caching")
-    if v is not None and not isinstance(v, bool):
-        ctx.fail(("model", "prefix_caching"), v, "must be true or false",
-                 "write `prefix_caching: false` to measure every prompt's prefill")  # fmt: skip
-    return v
+    value: bool | None = ctx.bool_(m, ("model",), "prefix_caching", None,
+                                   "write `prefix_caching: false` to measure every prompt's "
+                                   "prefill")  # fmt: skip
+    return value
 
 
 def _parallelism(ctx: FieldCtx, m: dict[str, Any]) -> ParallelismSpec:
     p: FieldPath = ("parallelism",)
-    expert = m.get("expert", False)
-    if not isinstance(expert, bool):
-        ctx.fail((*p, "expert"), expert, "must be true or false", "write `expert: true`")
+    expert = ctx.bool_(m, p, "expert", False, "write `expert: true`")
     backend = ctx.choice(m, p, "distributed_executor_backend", EXECUTOR_BACKENDS, None)
     address = ctx.str_(m, p, "ray_address", None)
     if address is not None and backend != "ray":
@@ -307,7 +296,7 @@ def _search(ctx: FieldCtx, m: dict[str, Any], slo: Slo) -> SearchSpec:
         max_probes=ctx.int_(m, p, "max_probes", 7, minimum=2),
         probe_requests=ctx.int_(m, p, "probe_requests", None),
         probe_duration_s=ctx.num(m, p, "probe_duration_s", None),
-        warm_start=_flag(ctx, m, p, "warm_start", WARM_FIX),
+        warm_start=ctx.bool_(m, p, "warm_start", False, WARM_FIX),
         drain_s=_drain(ctx, m, p, slo),
     )
 
