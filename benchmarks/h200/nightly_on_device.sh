@@ -28,7 +28,7 @@ env_run() {
 nightly_test() {  # name, pytest selection...
   local name=$1; shift
   env_run python3 -X faulthandler -m pytest "$@" --gpu -p no:cacheprovider -rA \
-    --moeperf-refresh-baselines --moeperf-reason "first H200 baselines of measurement v2" \
+    --moeperf-refresh-baselines --moeperf-reason "first $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) baselines of measurement v2" \
     --moeperf-baseline-dir "$O/baselines" --moeperf-results "$O/results-$name.json" \
     --moeperf-report "$O/report-$name" --junitxml "$O/junit-$name.xml" > "$O/pytest-$name.log" 2>&1
 }
