@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_moeperf.errors import MoePerfError
 from pytest_moeperf.load.records import RequestRecord, RunRecord
-from pytest_moeperf.load.warmstart import is_warm
+from pytest_moeperf.load.warmstart import past_burst
 from pytest_moeperf.metrics.energy import EnergyMeter, EnergyReading
 from pytest_moeperf.run.abort import AbortCheck, AbortPolicy
 from pytest_moeperf.run.search import ProbeResult, SearchResult
@@ -232,7 +232,7 @@ def measure_run(
                 return "server process exited"
             if cut_at is not None and now_s >= cut_at:
                 return DRAIN_CUT
-            return abort([r for r in records if not is_warm(r)], now_s)  # the burst is no SLO
+            return abort(past_burst(records), now_s)  # the burst and its queue are no SLO
 
         idle = wait_idle(endpoint.base_url)  # never inherit the previous probe's queue
         if on_probe_start is not None:
