@@ -141,6 +141,10 @@ SETTINGS: tuple[Setting, ...] = (
             "pytest-benchmark's JSON format, for `pytest-benchmark compare` (default when a perf "
             "test also uses the benchmark fixture: pytest-benchmark.json beside the results "
             "file).", str, None, metavar="PATH"),
+    Setting("moeperf_records", "--moeperf-records", "also write every probe's per-request "
+            "records (send, first token, end, tokens, status) under this folder, one gzipped "
+            "JSON-lines file a load: what a run that misbehaved leaves to diagnose it "
+            "(load.records.read_records).", str, None, metavar="DIR"),
     Setting("moeperf_ci", "--moeperf-ci", "CI mode: a missing baseline fails the test instead of "
             "warning.", parse_bool, False, is_flag=True),
     Setting("moeperf_runs", "--moeperf-runs", "repeated runs per config; a "

@@ -30,7 +30,8 @@ nightly_test() {  # name, pytest selection...
   env_run python3 -X faulthandler -m pytest "$@" --gpu -p no:cacheprovider -rA \
     --moeperf-refresh-baselines --moeperf-reason "first $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) baselines of measurement v2" \
     --moeperf-baseline-dir "$O/baselines" --moeperf-results "$O/results-$name.json" \
-    --moeperf-report "$O/report-$name" --junitxml "$O/junit-$name.xml" > "$O/pytest-$name.log" 2>&1
+    --moeperf-report "$O/report-$name" --junitxml "$O/junit-$name.xml" \
+    --moeperf-records "$O/records-$name" > "$O/pytest-$name.log" 2>&1
 }
 stage() {
   local t0 rc; t0=$(date +%s)
@@ -43,7 +44,7 @@ stage() {
     env_run python3 -X faulthandler -m pytest perf_tests/test_h200.py::test_h200_chat_mix_in_tree \
       --gpu -p no:cacheprovider -rA --moeperf-runs "${1#chat}" --moeperf-baseline-dir "$O/baselines" \
       --moeperf-results "$O/results-$1.json" --moeperf-report "$O/report-$1" \
-      --junitxml "$O/junit-$1.xml" > "$O/pytest-$1.log" 2>&1 ;;
+      --junitxml "$O/junit-$1.xml" --moeperf-records "$O/records-$1" > "$O/pytest-$1.log" 2>&1 ;;
   nightly) nightly_test nightly perf_tests -k "not moe_config_ab" ;;
   longrun)
     env_run python3 -X faulthandler benchmarks/h200/long_run_check.py \

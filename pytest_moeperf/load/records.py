@@ -7,6 +7,7 @@ run (``RunRecord.t0``); wall-clock time is kept only once, for provenance.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 RequestStatus = Literal[
@@ -128,3 +129,35 @@ class RunRecord:
         d = dict(d)
         d["requests"] = [RequestRecord.from_dict(r) for r in d["requests"]]
         return cls(**d)
+
+
+def write_records(run: RunRecord, path: Path, **header: Any) -> None:
+    """One load's records as gzipped JSON lines: a header (the run's fields and ``header``),
+    then a request a line, times to the microsecond (``--moeperf-records``). On the GPU a
+    probe's summary says *that* it stopped; only its records say on which requests."""
+    import gzip
+    import json
+
+    def us(x: Any) -> Any:
+        return round(x, 6) if isinstance(x, float) else x
+
+    head = {k: us(v) for k, v in asdict(run).items() if k != "requests"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.write(json.dumps({**head, **header}) + "\n")
+        for r in run.requests:
+            d = {k: us(v) for k, v in asdict(r).items()}
+            d["token_times_s"] = [round(t, 6) for t in r.token_times_s]
+            f.write(json.dumps(d) + "\n")
+
+
+def read_records(path: Path) -> tuple[dict[str, Any], RunRecord]:
+    """``write_records``' file back: (its header, the RunRecord)."""
+    import gzip
+    import json
+
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        head = json.loads(f.readline())
+        requests = [RequestRecord.from_dict(json.loads(line)) for line in f if line.strip()]
+    fields = {k: head[k] for k in RunRecord.__dataclass_fields__ if k != "requests"}
+    return head, RunRecord(**fields, requests=requests)

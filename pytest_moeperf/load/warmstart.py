@@ -170,7 +170,8 @@ def past_burst(records: Sequence[RequestRecord]) -> list[RequestRecord]:
     queued behind up to a hundred prompts arriving at once, where the window never reads them
     (``warm_fill_up_s`` opens it later still). Judging them is the likeliest reason why an
     H100 chat-mix probe at 3.8 req/s that finished 100 % of what was due stopped on 3 TTFT
-    misses, a rate another run met at p99 1,058 ms (2026-12-06; the records were not kept). Without a warm start: every own request."""
+    misses, a rate another run met at p99 1,058 ms (2026-12-06; the records were not kept).
+    Without a warm start: every own request."""
     warm = [r for r in records if is_warm(r)]
     own = [r for r in records if not is_warm(r)]
     if not warm:

@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.errors import MoePerfError
@@ -83,6 +84,8 @@ class RunDriver:
     probe_start: Callable[[Endpoint, int, int, float], None] | None = None
     #: warm-up concurrency levels (``warm_levels``); empty: the CPU's single level
     warm: tuple[int, ...] = ()
+    #: where every load's records are written (``--moeperf-records``), or None
+    records_dir: Path | None = None
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     _warm: dict[str, tuple[float, float | None, float | None]] = field(default_factory=dict)
@@ -280,6 +283,7 @@ class RunDriver:
             say=self.say,
             longer_at=self._longer.setdefault(endpoint.base_url, {}),
             paces=self._paces.setdefault(endpoint.base_url, []),
+            records_dir=self.records_dir,
         )
 
 

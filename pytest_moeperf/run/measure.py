@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_moeperf import markers, settings
+from pytest_moeperf import markers, options, settings
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.run.probe import (
     Endpoint,
@@ -244,7 +244,19 @@ class PerfTest:
         return RunDriver(plan.spec, plan.slo, meter, vocab_size(model_dir),
                          self._mbu_inputs(plan, model_dir, env), plan.probe_requests,
                          plan.max_probes, say=self.say, probe_start=self._probe_start,
-                         warm=warm_levels(plan.spec, gpu=bool(env.gpu_indices)))  # fmt: skip
+                         warm=warm_levels(plan.spec, gpu=bool(env.gpu_indices)),
+                         records_dir=self._records_dir(plan))  # fmt: skip
+
+    def _records_dir(self, plan: Plan) -> Path | None:
+        """``--moeperf-records``' folder for this test and config, or None."""
+        import re
+
+        raw = options.resolve(self.config, "moeperf_records").value
+        if raw is None:
+            return None
+        test = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.item.nodeid).strip("_")
+        return options.rooted(self.config, raw) / test / re.sub(r"[^A-Za-z0-9_.-]+", "_",
+                                                                plan.moe.name)  # fmt: skip
 
     def _probe_start(self, endpoint: Endpoint, run_number: int, probe_number: int,
                      rate: float) -> None:  # fmt: skip

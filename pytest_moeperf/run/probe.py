@@ -34,6 +34,8 @@ from pytest_moeperf.run.window import (
 from pytest_moeperf.spec.model import Slo, Spec
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from pytest_moeperf.load.warmstart import Pace
 
 #: Default shortest send span of a search probe: enough for a queue to build at that rate.
@@ -152,6 +154,7 @@ def measure_run(
     start_rate: float | None = None, hint_hi: float | None = None,
     min_span_s: float | None = None, say: Callable[[str], None] | None = None,
     longer_at: dict[float, float] | None = None, paces: list[Pace] | None = None,
+    records_dir: Path | None = None,
 ) -> RunMeasurement:  # fmt: skip
     """One search; ``on_probe_start(probe_number, rate)`` is called before each probe's load.
 
@@ -163,6 +166,7 @@ def measure_run(
     Every probe replays one schedule, so the same rate would come out too short again (a
     2-core e2e run reran 8 probes, 4 of them at rates already rerun, ~15 s each). ``paces``
     (shared like ``longer_at``, appended to here) size a spec's warm start (``load.warmstart``).
+    ``records_dir``: every load's records are written there (``load.records.write_records``).
     """
     from pytest_moeperf.run.search import search_slo_boundary
 
@@ -246,6 +250,12 @@ def measure_run(
         reading = meter.stop()
         stats = sampler.stop()
         run = mark_cut(run)
+        if records_dir is not None:
+            from pytest_moeperf.load.records import write_records
+
+            loads = len(list(records_dir.glob(f"run{index + 1}-*.jsonl.gz"))) + 1
+            write_records(run, records_dir / f"run{index + 1}-{loads:02d}-{rate:.4g}rps.jsonl.gz",
+                          run_number=index + 1, probe_number=i + 1, rate=rate)  # fmt: skip
         energy.append({"rate": rate, **reading.to_dict()})
         if not endpoint.alive():
             statuses = Counter(r.status for r in run.requests)
