@@ -318,4 +318,8 @@ def test_while_the_burst_waits_for_a_first_token_no_request_is_judged() -> None:
     warm = [_req(WARM_INDEX_BASE, 0.0, None), _req(WARM_INDEX_BASE + 1, 0.0, 0.2)]
     own = [_req(i, i / 3.8, 2.5) for i in range(10)]
     assert past_burst([*warm, *own]) == []
+    assert past_burst([*warm, *own], now_s=10.0, patience_s=22.5) == []
+    # half the sends gone and the burst still unserved: no window can hold a steady state any
+    # more, and an overloaded probe must still stop (else it ran to its drain)
+    assert past_burst([*warm, *own], now_s=22.5, patience_s=22.5) == own
     assert past_burst(own) == own  # a cold probe: every request

@@ -163,7 +163,8 @@ def warm_fill_up_s(records: Sequence[RequestRecord], lengths: Sequence[int],
     return fill, info
 
 
-def past_burst(records: Sequence[RequestRecord]) -> list[RequestRecord]:
+def past_burst(records: Sequence[RequestRecord], now_s: float = 0.0,
+               patience_s: float = math.inf) -> list[RequestRecord]:  # fmt: skip
     """A probe's own requests that the abort check may judge: with a warm start, those sent
     once its burst was served (the last warm first token plus one median TTFT of the probe's
     own requests; none while a warm request still waits for its first token). Earlier ones
@@ -171,13 +172,16 @@ def past_burst(records: Sequence[RequestRecord]) -> list[RequestRecord]:
     (``warm_fill_up_s`` opens it later still). Judging them is the likeliest reason why an
     H100 chat-mix probe at 3.8 req/s that finished 100 % of what was due stopped on 3 TTFT
     misses, a rate another run met at p99 1,058 ms (2026-12-06; the records were not kept).
-    Without a warm start: every own request."""
+    Without a warm start: every own request. Nor once ``patience_s`` has passed since the first
+    send with the burst still unserved (the caller's: half the probe's sends): its window could
+    no longer hold a steady state's worth of them, and an overloaded probe must still stop."""
     warm = [r for r in records if is_warm(r)]
     own = [r for r in records if not is_warm(r)]
     if not warm:
         return own
     if any(r.first_token_s is None and r.end_s is None and r.status == "ok" for r in warm):
-        return []
+        first = min(r.send_s for r in records)
+        return own if now_s - first >= patience_s else []
     firsts = [t for r in warm if (t := r.first_token_s) is not None]
     ttfts = [t for r in own if (t := r.ttft_s) is not None]
     after = max(firsts, default=0.0) + (statistics.median(ttfts) if ttfts else 0.0)

@@ -230,13 +230,15 @@ def measure_run(
             requests = [*warm.requests, *requests]
 
         cut_at = drain_end(spec, requests)
+        span_s = size(rate, longer) / rate if rate > 0 else math.inf
 
         def should_abort(records: Sequence[RequestRecord], now_s: float) -> str | None:
             if not endpoint.alive():
                 return "server process exited"
             if cut_at is not None and now_s >= cut_at:
                 return DRAIN_CUT
-            return abort(past_burst(records), now_s)  # the burst and its queue are no SLO
+            # the burst and its queue are no SLO, until it takes half the probe's sends
+            return abort(past_burst(records, now_s, 0.5 * span_s), now_s)
 
         idle = wait_idle(endpoint.base_url)  # never inherit the previous probe's queue
         if on_probe_start is not None:
