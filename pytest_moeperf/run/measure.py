@@ -21,14 +21,15 @@ from pytest_moeperf.run.probe import (
     MbuInputs,
     RunMeasurement,
     ServerDied,
-    keyed_spec_hash,
 )
 from pytest_moeperf.run.record import (
     collect_metrics,
     metric_entry,
     result_table,
+    setup_key,
     slo_failures,
     spec_summary,
+    stored_bracket,
     vocab_size,
 )
 from pytest_moeperf.server.embedded import EMBEDDED_NAME
@@ -37,6 +38,7 @@ from pytest_moeperf.session import MoePerfSession, PerfResult
 from pytest_moeperf.spec.model import Slo, Spec
 
 if TYPE_CHECKING:
+    from pytest_moeperf.baseline import BaselineKey
     from pytest_moeperf.run.driver import RunDriver
     from pytest_moeperf.server.process import VllmServer
     from pytest_moeperf.verdict import Verdict
@@ -278,6 +280,8 @@ class PerfTest:
         """Appends run by run, so a server death keeps the runs that finished."""
         driver = self.driver(plan, model_dir, env)
         driver.warm_up(endpoint, f"moeperf {self.item.name}")
+        if (seed := self._baseline_bracket(plan, env, model_dir)) is not None:
+            driver.seed_bracket(endpoint, f"moeperf {self.item.name}", *seed)
         label = f"moeperf {self.item.name}: run {{}}/{plan.runs}"
         for i in range(plan.runs):
             out.append(driver.run(endpoint, i, label.format(i + 1)))
@@ -337,41 +341,34 @@ class PerfTest:
                 "power_source": source, "command": self.session.payload()["command"],
                 "rated_bandwidth_tb_s": bw / 1e12 if bw else None}  # fmt: skip
 
+    def _key(self, plan: Plan, env: Any, model_dir: Path | None) -> BaselineKey:
+        """The setup this run is stored and compared under (``baseline.key``)."""
+        folder = self.server.config.tuned_config_folder if self.server is not None else None
+        return setup_key(self.config, plan, env, model_dir, folder)
+
+    def _baseline_bracket(self, plan: Plan, env: Any,
+                          model_dir: Path | None) -> tuple[float, float, str] | None:  # fmt: skip
+        """Where the first search starts when this run compares against a stored baseline
+        (``record.stored_bracket``); never when refreshing (a new baseline rests on nothing
+        stored) or in quick mode."""
+        s = settings.of(self.item)
+        if s.refresh_baselines.value or plan.quick or s.baseline_dir.value is None:
+            return None
+        return stored_bracket(s.baseline_dir.value, self.item.nodeid,
+                              self._key(plan, env, model_dir))  # fmt: skip
+
     def _baseline(self, plan: Plan, env: Any, model_dir: Path | None,
                   metrics: dict[str, list[float]], runs: list[RunMeasurement],
                   accuracy: dict[str, Any] | None, data: dict[str, Any], reasons: list[str],
                   partial: str | None) -> None:  # fmt: skip
         from pytest_moeperf import gates
-        from pytest_moeperf.baseline import BaselineKey, BaselineStore, calibration
-        from pytest_moeperf.environment import usable_cpus
-        from pytest_moeperf.moeconfig.folder import config_hash
-        from pytest_moeperf.server.embedded import model_fingerprint
+        from pytest_moeperf.baseline import BaselineStore
 
         s = settings.of(self.item)
         root = s.baseline_dir.value
         assert root is not None
         store = BaselineStore(root)
-        folder = self.server.config.tuned_config_folder if self.server is not None else None
-        model = plan.spec.model.path
-        if model_dir is not None:
-            model = f"{model}@{model_fingerprint(model_dir)}"
-        p = plan.spec.parallelism
-        key = BaselineKey(
-            backend=env.backend,
-            # on the CPU backend the "accelerator" is the CPU model and its usable cores
-            gpu_name=env.cpu if env.backend == "cpu" else env.accelerator,
-            gpu_count=usable_cpus() if env.backend == "cpu" else env.gpu_count,
-            driver=env.driver,
-            cuda=env.cuda,
-            vllm_version=env.vllm_version,
-            model=model,
-            dtype=plan.spec.model.dtype,
-            tp=p.tensor,
-            dp=p.data,
-            spec_hash=keyed_spec_hash(plan.spec),
-            moe_config_hash=config_hash(folder) if folder else "declared",
-            calibration=calibration.for_key(self.config, env.gpus),
-        )
+        key = self._key(plan, env, model_dir)
         test_id = self.item.nodeid
         target = self.item.nodeid.split("::")[0]
         outcome = gates.compare(

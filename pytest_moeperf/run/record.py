@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 from pytest_moeperf.run.probe import RunMeasurement
 
 if TYPE_CHECKING:
+    import pytest
+
+    from pytest_moeperf.baseline import BaselineKey
     from pytest_moeperf.run.measure import Plan
     from pytest_moeperf.verdict import Verdict
 
@@ -135,3 +138,52 @@ def _baseline_lines(b: dict[str, Any], compared: bool) -> list[str]:
     else:
         line = f"baseline: {state} ({detail})"
     return [line] + ([f"baseline: {b['concurrent']}"] if b.get("concurrent") else [])
+
+
+def setup_key(config: pytest.Config, plan: Plan, env: Any, model_dir: Path | None,
+              folder: Path | None) -> BaselineKey:  # fmt: skip
+    """The setup a run is stored and compared under (``baseline.key``); ``folder``: the MoE
+    config folder the server was given, if any."""
+    from pytest_moeperf.baseline import BaselineKey, calibration
+    from pytest_moeperf.environment import usable_cpus
+    from pytest_moeperf.moeconfig.folder import config_hash
+    from pytest_moeperf.run.probe import keyed_spec_hash
+    from pytest_moeperf.server.embedded import model_fingerprint
+
+    model = plan.spec.model.path
+    if model_dir is not None:
+        model = f"{model}@{model_fingerprint(model_dir)}"
+    p = plan.spec.parallelism
+    return BaselineKey(
+        backend=env.backend,
+        # on the CPU backend the "accelerator" is the CPU model and its usable cores
+        gpu_name=env.cpu if env.backend == "cpu" else env.accelerator,
+        gpu_count=usable_cpus() if env.backend == "cpu" else env.gpu_count,
+        driver=env.driver,
+        cuda=env.cuda,
+        vllm_version=env.vllm_version,
+        model=model,
+        dtype=plan.spec.model.dtype,
+        tp=p.tensor,
+        dp=p.data,
+        spec_hash=keyed_spec_hash(plan.spec),
+        moe_config_hash=config_hash(folder) if folder else "declared",
+        calibration=calibration.for_key(config, env.gpus),
+    )
+
+
+def stored_bracket(root: Path, test_id: str, key: BaselineKey) -> tuple[float, float, str] | None:
+    """(met, missed, file) of the stored baseline's median converged run for exactly this
+    setup: where a run compared against it starts its first search, as a refresh's runs 2
+    and 3 start from run 1's bracket. None without a readable baseline."""
+    from pytest_moeperf.baseline import BaselineStore
+    from pytest_moeperf.errors import UsageError
+    from pytest_moeperf.run.driver import median_bracket
+
+    store = BaselineStore(root)
+    try:
+        baseline = store.load(test_id, key)
+    except UsageError:
+        return None  # the comparison after the run says what is wrong with the file
+    got = median_bracket(baseline.runs) if baseline is not None else None
+    return None if got is None else (*got, str(store.path_for(test_id, key)))

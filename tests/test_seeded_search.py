@@ -1,0 +1,64 @@
+"""A run compared against a stored baseline starts its first search from that baseline's bracket
+(``record.stored_bracket`` -> ``RunDriver.seed_bracket``), as a refresh's later runs start from
+its first: an unchanged nightly certifies the bracket in two probes a run instead of a search
+from the warm-up's rate (7 probes for H100 chat-mix's first run, 2026-12-06)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from baseline_helpers import PROV, make_key
+from test_driver import _driver, _fake_search
+
+from pytest_moeperf.baseline import Baseline, BaselineStore
+from pytest_moeperf.run import probe
+from pytest_moeperf.run.driver import median_bracket
+from pytest_moeperf.run.record import stored_bracket
+
+TEST_ID = "perf_tests/test_h200.py::test_h200_fixed_in_tree"
+
+
+def _runs(*brackets: tuple[float | None, float | None], converged: bool = True) -> list[dict]:  # type: ignore[type-arg]
+    return [{"bracket": list(b), "converged": converged} for b in brackets]
+
+
+def test_the_median_converged_run_gives_the_bracket() -> None:
+    runs = _runs((14.84, 15.27), (16.67, 18.0), (15.43, 16.67))  # the H100 bf16 baseline
+    assert median_bracket(runs) == (15.43, 16.67)
+    assert median_bracket(runs[:2]) == (14.84, 15.27)  # an even count: the lower middle
+    assert median_bracket([*runs[:1], *_runs((30.0, 33.0), converged=False)]) == (14.84, 15.27)
+    assert median_bracket(_runs((40.0, None), (None, 8.0), (9.0, 9.0))) is None  # no bracket
+    assert median_bracket([{"bracket": "15..16", "converged": True}, {}]) is None
+
+
+def test_the_stored_baseline_of_this_setup_gives_it(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path)
+    key = make_key()
+    assert stored_bracket(tmp_path, TEST_ID, key) is None  # nothing stored
+    store.write(Baseline(TEST_ID, key, {"slo_goodput_tok_s": [1900.0, 2133.0, 1975.0]},
+                         _runs((14.84, 15.27), (16.67, 18.0), (15.43, 16.67)), PROV),
+                complete=True)  # fmt: skip
+    assert stored_bracket(tmp_path, TEST_ID, key) == (
+        15.43, 16.67, str(store.path_for(TEST_ID, key)))  # fmt: skip
+    assert stored_bracket(tmp_path, TEST_ID, make_key(gpu_name="NVIDIA H100")) is None
+    path = store.path_for(TEST_ID, key)
+    path.write_text(json.dumps({"not": "a baseline"}))
+    assert stored_bracket(tmp_path, TEST_ID, key) is None  # the comparison reports the file
+
+
+def test_a_seeded_first_search_starts_at_the_met_rate_and_aims_at_the_miss(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    lines: list[str] = []
+    d = _driver(lines)
+    calls = _fake_search(monkeypatch, [(15.43, 16.67), (15.43, 16.67)])
+    ep = probe.Endpoint("http://127.0.0.1:1", "m")
+    d.seed_bracket(ep, "t", 15.43, 16.67, "baselines/x/cuda.json")
+    d.run(ep, 0, "t run 1/2")
+    d.run(ep, 1, "t run 2/2")
+    assert [(c["start_rate"], c["hint_hi"]) for c in calls] == [(15.43, 16.67)] * 2
+    assert lines[0] == ("t: the first search starts from the baseline's bracket, met 15.4, "
+                        "missed 16.7 req/s (baselines/x/cuda.json)")  # fmt: skip
+    assert d._warm.get("http://127.0.0.1:2") is None  # another server is not seeded
