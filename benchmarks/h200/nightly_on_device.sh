@@ -10,6 +10,8 @@
 #                      written in /root/moeperf-out/baselines (a copy of the committed folder)
 #   chat1 .. chat9     the chat-mix test with that many runs and no refresh (a short session)
 #   nightly            the whole nightly selection (every --gpu test but the A/B gate), refresh
+#   compared           the same selection as CI runs it: no refresh, judged against the committed
+#                      baselines (a compared run seeds its first search from their brackets)
 #   longrun            benchmarks/h200/long_run_check.py at the bf16 baseline's boundary R and 1.1 R
 #   gate               the PR gate end to end on an H200 (another GPU skips it: the file is
 #                      the H200's): in-tree vs large-M-worse (every key M >= 64 poorly tiled),
@@ -46,6 +48,12 @@ stage() {
       --moeperf-results "$O/results-$1.json" --moeperf-report "$O/report-$1" \
       --junitxml "$O/junit-$1.xml" --moeperf-records "$O/records-$1" > "$O/pytest-$1.log" 2>&1 ;;
   nightly) nightly_test nightly perf_tests -k "not moe_config_ab" ;;
+  compared)  # the nightly as CI runs it: no refresh, judged against the committed baselines
+    env_run python3 -X faulthandler -m pytest perf_tests -k "not moe_config_ab" --gpu \
+      -p no:cacheprovider -rA --moeperf-baseline-dir "$O/baselines" \
+      --moeperf-results "$O/results-compared.json" --moeperf-report "$O/report-compared" \
+      --junitxml "$O/junit-compared.xml" --moeperf-records "$O/records-compared" \
+      > "$O/pytest-compared.log" 2>&1 ;;
   longrun)
     env_run python3 -X faulthandler benchmarks/h200/long_run_check.py \
       --spec perf_tests/specs/h200-fixed-1024-128.yaml \

@@ -281,7 +281,10 @@ class PerfTest:
         driver = self.driver(plan, model_dir, env)
         driver.warm_up(endpoint, f"moeperf {self.item.name}")
         if (seed := self._baseline_bracket(plan, env, model_dir)) is not None:
-            driver.seed_bracket(endpoint, f"moeperf {self.item.name}", *seed)
+            met, missed, path = seed
+            with contextlib.suppress(ValueError):  # shown from the rootdir where it lies there
+                path = str(Path(path).relative_to(self.config.rootpath))
+            driver.seed_bracket(endpoint, f"moeperf {self.item.name}", met, missed, path)
         label = f"moeperf {self.item.name}: run {{}}/{plan.runs}"
         for i in range(plan.runs):
             out.append(driver.run(endpoint, i, label.format(i + 1)))
