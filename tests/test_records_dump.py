@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_pending import SPEC as PENDING_SPEC
 
 from pytest_moeperf.load.records import RequestRecord, RunRecord, read_records, write_records
 
@@ -44,16 +45,7 @@ def test_records_round_trip_to_the_microsecond(tmp_path: Path) -> None:
     assert (back.mode, back.target, back.seed) == ("poisson", 3.8, 7)
 
 
-SPEC = """\
-name: records
-model: {path: embedded, dtype: bfloat16, max_model_len: 1024}
-workload: {trace: fixed, num_requests: 20, seed: 0, input_tokens: 16, output_tokens: 8}
-arrival: {process: poisson, rate: 2.0}
-slo: {ttft_p99_ms: 2000, tpot_p99_ms: 200}
-search: {rate_min: 20.0, rate_max: 40.0, tolerance: 0.4, max_probes: 2, probe_requests: 40,
-         probe_duration_s: 1.0}
-runs: 1
-"""
+SPEC = PENDING_SPEC.replace("name: pending", "name: records")  # a quick external-server spec
 
 
 def _project(pytester: pytest.Pytester, serve: Any) -> str:
