@@ -62,3 +62,17 @@ def test_a_seeded_first_search_starts_at_the_met_rate_and_aims_at_the_miss(
     assert lines[0] == ("t: the first search starts from the baseline's bracket, met 15.4, "
                         "missed 16.7 req/s (baselines/x/cuda.json)")  # fmt: skip
     assert d._warm.get("http://127.0.0.1:2") is None  # another server is not seeded
+
+
+def test_a_baseline_of_another_machine_seeds_nothing(tmp_path: Path) -> None:
+    """The gate calls a baseline whose calibration is x1.5 off another machine's; the search
+    does not start from its bracket either (it said so, then "no baseline for this machine")."""
+    from test_calibration import FAST, SAME_SLOW_SESSION, SLOW
+
+    store = BaselineStore(tmp_path)
+    stored = make_key(calibration=FAST)
+    store.write(Baseline(TEST_ID, stored, {"slo_goodput_tok_s": [1.0, 1.0, 1.0]},
+                         _runs((15.43, 16.67)), PROV), complete=True)  # fmt: skip
+    assert stored_bracket(tmp_path, TEST_ID, make_key(calibration=SLOW)) is None
+    assert stored_bracket(tmp_path, TEST_ID, make_key(calibration=SAME_SLOW_SESSION)) is not None
+    assert stored_bracket(tmp_path, TEST_ID, make_key(calibration=None)) is not None  # remote

@@ -175,8 +175,12 @@ def setup_key(config: pytest.Config, plan: Plan, env: Any, model_dir: Path | Non
 def stored_bracket(root: Path, test_id: str, key: BaselineKey) -> tuple[float, float, str] | None:
     """(met, missed, file) of the stored baseline's median converged run for exactly this
     setup: where a run compared against it starts its first search, as a refresh's runs 2
-    and 3 start from run 1's bracket. None without a readable baseline."""
+    and 3 start from run 1's bracket. None without a readable baseline, and where the gate
+    will call it another machine's (its calibration differs, or it has none): a fresh clone
+    whose VM was 1.5x off the baseline's said "starts from the baseline's bracket", then "no
+    baseline for this machine" (2026-12-06)."""
     from pytest_moeperf.baseline import BaselineStore
+    from pytest_moeperf.baseline.calibration import differences
     from pytest_moeperf.errors import UsageError
     from pytest_moeperf.run.driver import median_bracket
 
@@ -185,5 +189,10 @@ def stored_bracket(root: Path, test_id: str, key: BaselineKey) -> tuple[float, f
         baseline = store.load(test_id, key)
     except UsageError:
         return None  # the comparison after the run says what is wrong with the file
-    got = median_bracket(baseline.runs) if baseline is not None else None
+    if baseline is None:
+        return None
+    here, there = key.calibration, baseline.key.calibration
+    if here is not None and (there is None or differences(here, there)):
+        return None
+    got = median_bracket(baseline.runs)
     return None if got is None else (*got, str(store.path_for(test_id, key)))
