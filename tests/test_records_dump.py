@@ -41,6 +41,8 @@ def test_records_round_trip_to_the_microsecond(tmp_path: Path) -> None:
     assert back.requests[0].send_s != want.requests[0].send_s  # rounded: files stay small
     assert [r.status for r in back.requests] == ["ok", "cut", "http_error"]
     assert back.requests[1].tpot_s == pytest.approx(0.05)  # a cut request's TPOT survives
+    assert back.requests[0].tpot_s == pytest.approx(0.1)  # a finished one's needs no token times
+    assert back.requests[0].token_times_s == []  # not kept: files stay small
     assert back.requests[2].http_status == 503 and back.aborted_early
     assert (back.mode, back.target, back.seed) == ("poisson", 3.8, 7)
 

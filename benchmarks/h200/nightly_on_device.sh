@@ -136,5 +136,8 @@ watch)
   cat "$O/gate/ab-summary.md" 2>/dev/null
   grep -h "SLO boundary\|steady\|tokens a chunk" "$O"/pytest-*.log 2>/dev/null | tail -n 12
   nvidia-smi > "$O/nvidia-smi-now.txt" 2>&1
-  tar -C /root -czf "$OUT/out.tgz" moeperf-out ;;
+  # records apart: if they outgrow the 16 MiB a returned file may have, the rest still comes back
+  tar -C /root --exclude='moeperf-out/records-*' -czf "$OUT/out.tgz" moeperf-out
+  (cd /root && ls -d moeperf-out/records-* >/dev/null 2>&1 && \
+    tar -czf "$OUT/records.tgz" moeperf-out/records-*) || true ;;
 esac

@@ -134,7 +134,9 @@ class RunRecord:
 def write_records(run: RunRecord, path: Path, **header: Any) -> None:
     """One load's records as gzipped JSON lines: a header (the run's fields and ``header``),
     then a request a line, times to the microsecond (``--moeperf-records``). On the GPU a
-    probe's summary says *that* it stopped; only its records say on which requests."""
+    probe's summary says *that* it stopped; only its records say on which requests. Token
+    times are kept for cut requests only (their TPOT is read from them): every token of a
+    chat-mix probe would make ~0.5 MB a probe, and the device returns 16 MiB a file."""
     import gzip
     import json
 
@@ -147,7 +149,7 @@ def write_records(run: RunRecord, path: Path, **header: Any) -> None:
         f.write(json.dumps({**head, **header}) + "\n")
         for r in run.requests:
             d = {k: us(v) for k, v in asdict(r).items()}
-            d["token_times_s"] = [round(t, 6) for t in r.token_times_s]
+            d["token_times_s"] = [round(t, 6) for t in r.token_times_s] if r.cut else []
             f.write(json.dumps(d) + "\n")
 
 
