@@ -135,8 +135,9 @@ def write_records(run: RunRecord, path: Path, **header: Any) -> None:
     """One load's records as gzipped JSON lines: a header (the run's fields and ``header``),
     then a request a line, times to the microsecond (``--moeperf-records``). On the GPU a
     probe's summary says *that* it stopped; only its records say on which requests. Token
-    times are kept for cut requests only (their TPOT is read from them): every token of a
-    chat-mix probe would make ~0.5 MB a probe, and the device returns 16 MiB a file."""
+    times are kept for cut requests only (their TPOT is read from them): a chat-mix-like probe
+    of 220 requests (388 tokens mean) makes 6.5 KB without them and 375 KB with them, and the
+    device returns 16 MiB a file."""
     import gzip
     import json
 
