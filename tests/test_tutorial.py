@@ -50,6 +50,13 @@ def test_tutorial_runs_as_written(tutorial_checkout: tuple[Path, Any]) -> None:
     assert (checkout / "moeperf-results" / "nightly.md").is_file()
 
     third = run_block(ab, checkout)
+    refused = [line.strip() for line in third.stdout.splitlines()
+               if "the A/A control" in line and "too noisy for the gate" in line]  # fmt: skip
+    if third.returncode != 0 and refused:
+        # the gate's own verdict on this machine, not a fault of the tutorial: an A/A control on
+        # identical configs read -24.7 % on a stalling 2-core CI VM (2026-12-06), and the gate
+        # refused to judge (docs/ab-gate.md); the e2e test skips likewise on a stalled baseline
+        pytest.skip(f"docs/tutorial.md's A/B block: {refused[0]}")
     assert third.returncode == 0, tail(third)
     assert "MoE config gate: `E=16,N=128,device_name=NVIDIA_H200.json`" in third.stdout
     assert "reads no fused-MoE config files" in third.stdout
