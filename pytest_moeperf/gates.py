@@ -84,7 +84,7 @@ def compare(
             (out.failures if ci_mode else out.warnings).append(msg)
             return out
     assert baseline is not None
-    other = None if allow_other_hardware else _other_machine(test_id, key, baseline, path, hint)
+    other = None if allow_other_hardware else other_machine(test_id, key, baseline, path, hint)
     if other is not None:  # a refresh replaces it: say so, never fail the run that fixes it
         out = BaselineOutcome(other[0], path, baseline=baseline)
         msg = other[1] + (" (this refresh replaces it)" if refreshing else "")
@@ -113,7 +113,7 @@ def compare(
     return out
 
 
-def _other_machine(test_id: str, key: BaselineKey, baseline: Baseline, path: str,
+def other_machine(test_id: str, key: BaselineKey, baseline: Baseline, path: str,
                    hint: str) -> tuple[str, str] | None:  # fmt: skip
     """("other-setup" | "uncalibrated", one line) where the names match but the machine may not:
     never a regression verdict from a machine that is not the baseline's (docs/verdicts.md)."""

@@ -14,8 +14,7 @@ from test_driver import _driver, _fake_search
 
 from pytest_moeperf.baseline import Baseline, BaselineStore
 from pytest_moeperf.run import probe
-from pytest_moeperf.run.driver import median_bracket
-from pytest_moeperf.run.record import stored_bracket
+from pytest_moeperf.run.record import median_bracket, stored_bracket
 
 TEST_ID = "perf_tests/test_h200.py::test_h200_fixed_in_tree"
 

@@ -55,12 +55,10 @@ def _goodput(r: Result) -> CardFigure:
     # Each metric's centre is its own median: the goodput's run and the rate's run may differ
     # (H100 chat-mix: 1,447 tok/s from the run at 3.80 req/s, the median rate 3.655), so with
     # several runs the rate is the boundaries' median and range, not "the rate of" the goodput.
-    rate, spread = r.center("slo_rate_rps"), None
-    if (rm := r.metric("slo_rate_rps")) is not None:
-        spread = rm.spread
+    rate, rm = r.center("slo_rate_rps"), r.metric("slo_rate_rps")
     at = f"at {fmt(rate, 'req/s')}, " if rate is not None else ""
-    if rate is not None and spread is not None and rm is not None:
-        lo, hi = spread
+    if rate is not None and rm is not None and rm.spread is not None:
+        lo, hi = rm.spread
         at = (f"SLO boundary {fmt(rate, 'req/s')} (median of {len(rm.runs)} runs, "
               f"{fmt(lo, 'req/s')} to {fmt(hi, 'req/s')}), ")  # fmt: skip
     return CardFigure("SLO goodput", fmt_metric(m), f"{at}{slo_text(r.spec)}")

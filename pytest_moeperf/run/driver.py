@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -366,15 +366,3 @@ def _lag_text(lag_ms: Any, ttft_slo_ms: float) -> str:
     if not isinstance(lag_ms, int | float) or not lag_ms > LATE_SEND_SHARE * ttft_slo_ms:
         return ""
     return f", client sent p99 {lag_ms:.0f} ms late"
-
-
-def median_bracket(runs: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
-    """(met, missed) of the converged stored run with the median met rate, or None."""
-    got = []
-    for r in runs:
-        b = r.get("bracket")
-        if r.get("converged") and isinstance(b, list | tuple) and len(b) == 2:
-            lo, hi = b
-            if isinstance(lo, int | float) and isinstance(hi, int | float) and 0 < lo < hi:
-                got.append((float(lo), float(hi)))
-    return sorted(got)[(len(got) - 1) // 2] if got else None

@@ -251,14 +251,13 @@ class PerfTest:
 
     def _records_dir(self, plan: Plan) -> Path | None:
         """``--moeperf-records``' folder for this test and config, or None."""
-        import re
+        from pytest_moeperf.baseline.key import safe_name
 
         raw = options.resolve(self.config, "moeperf_records").value
         if raw is None:
             return None
-        test = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.item.nodeid).strip("_")
-        return options.rooted(self.config, raw) / test / re.sub(r"[^A-Za-z0-9_.-]+", "_",
-                                                                plan.moe.name)  # fmt: skip
+        return options.rooted(self.config, raw) / safe_name(self.item.nodeid) / safe_name(
+            plan.moe.name)  # fmt: skip
 
     def _probe_start(self, endpoint: Endpoint, run_number: int, probe_number: int,
                      rate: float) -> None:  # fmt: skip

@@ -6,7 +6,7 @@ Shared by the plain perf test and the A/B gate, so both write the same result re
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -180,19 +180,28 @@ def stored_bracket(root: Path, test_id: str, key: BaselineKey) -> tuple[float, f
     whose VM was 1.5x off the baseline's said "starts from the baseline's bracket", then "no
     baseline for this machine" (2026-12-06)."""
     from pytest_moeperf.baseline import BaselineStore
-    from pytest_moeperf.baseline.calibration import differences
     from pytest_moeperf.errors import UsageError
-    from pytest_moeperf.run.driver import median_bracket
+    from pytest_moeperf.gates import other_machine
 
     store = BaselineStore(root)
     try:
         baseline = store.load(test_id, key)
     except UsageError:
         return None  # the comparison after the run says what is wrong with the file
-    if baseline is None:
-        return None
-    here, there = key.calibration, baseline.key.calibration
-    if here is not None and (there is None or differences(here, there)):
+    path = str(store.path_for(test_id, key))
+    if baseline is None or other_machine(test_id, key, baseline, path, "") is not None:
         return None
     got = median_bracket(baseline.runs)
-    return None if got is None else (*got, str(store.path_for(test_id, key)))
+    return None if got is None else (*got, path)
+
+
+def median_bracket(runs: Sequence[Mapping[str, Any]]) -> tuple[float, float] | None:
+    """(met, missed) of the converged stored run with the median met rate, or None."""
+    got = []
+    for r in runs:
+        b = r.get("bracket")
+        if r.get("converged") and isinstance(b, list | tuple) and len(b) == 2:
+            lo, hi = b
+            if isinstance(lo, int | float) and isinstance(hi, int | float) and 0 < lo < hi:
+                got.append((float(lo), float(hi)))
+    return sorted(got)[(len(got) - 1) // 2] if got else None
