@@ -104,11 +104,17 @@ def test_a_slowed_server_is_regressed_and_never_a_baseline(
     assert "baseline not-written: the test failed" in slowed.stdout, tail(slowed)
     data = json.loads(results.read_text())["results"][0]
     assert data["baseline"]["status"] == "not-written"
+    lines = [f"{v['metric']} {v['delta_rel'] * 100:+.0f} %, p={v['p_value']}: {v['outcome']} "
+             f"({v['reason']})" for v in data["verdicts"]]  # fmt: skip
+    print("\n".join(f"slowdown: {line}" for line in lines))  # shown with -s / -rA
     outcomes = {v["metric"]: v["outcome"] for v in data["verdicts"]}
-    assert outcomes.get("tpot_p99_ms") == "regressed", outcomes
-    for v in data["verdicts"]:  # shown with -s / -rA: the figures the README quotes
-        print(f"slowdown: {v['metric']} {v['delta_rel'] * 100:+.0f} %, p={v['p_value']}: "
-              f"{v['outcome']}")  # fmt: skip
+    # Caught: SLO goodput or p99 TPOT regressed, and neither reads better or unchanged. Which
+    # one reaches significance at three runs a side depends on how much the baseline's runs
+    # disagree (CI 2026-12-05: both regressed; CI 2026-12-06: goodput and rate regressed, TPOT
+    # inconclusive; 2026-12-04 with 0.1 s: TPOT regressed, goodput short of p < alpha).
+    caught = {m: outcomes.get(m) for m in ("slo_goodput_tok_s", "tpot_p99_ms")}
+    assert "regressed" in caught.values(), lines
+    assert set(caught.values()) <= {"regressed", "inconclusive"}, lines
     # a failed run never overwrites the baseline, even with the refresh flag
     assert baseline.read_bytes() == before
 
