@@ -1,10 +1,11 @@
-"""A refreshed baseline is written only once the test's own body has passed.
+"""A result's outcome, and a refreshed baseline, wait for the test's own body.
 
 ``moeperf.run()`` returns to the test body, and the body's asserts come after it: a baseline
 written inside ``run()`` was stored, and results.json said "passed", for tests that then failed.
-So ``run()`` only prepares the candidate file (``defer``); the plugin's makereport hook writes it
-once the call phase passed (``settle``), or records the test's real outcome and says in its
-table that the baseline was NOT written, and why.
+So ``run()`` only prepares its result (and the candidate file, on a refresh: ``defer``); the
+plugin's makereport hook writes the file once the call phase passed (``settle``), or records the
+test's real outcome and says in its table that the baseline was NOT written, and why. A result
+with no file to write gets the body's outcome all the same.
 
 Two refreshes of one test can run at once (two CI jobs on one checkout): the write is atomic
 under the store's lock, and a refresh that finds the file changed since its own run started says
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,13 @@ from pytest_moeperf.session import MoePerfSession, PerfResult
 
 @dataclass
 class PendingBaseline:
-    """What ``run()`` prepared: the file to write and the result record to finish."""
+    """What ``run()`` prepared: the result record to finish and, on a refresh, the file."""
 
-    store: BaselineStore
-    baseline: Baseline
-    seen: dict[str, str]  # the test's baseline files (name -> digest) when its run started
     result: PerfResult
     render: Callable[[dict[str, Any]], str]  # the result's terminal table, drawn again
+    store: BaselineStore | None = None  # None: no file to write (not a refresh, or refused)
+    baseline: Baseline | None = None
+    seen: dict[str, str] = field(default_factory=dict)  # baseline files (name -> digest) then
 
 
 PENDING_KEY = pytest.StashKey[list[PendingBaseline]]()
@@ -66,23 +67,27 @@ def settle(item: pytest.Item, session: MoePerfSession, report: pytest.TestReport
         return
     del item.stash[PENDING_KEY]
     for p in pendings:
-        if report.passed:
+        if report.passed and p.store is not None and p.baseline is not None:
             try:
-                _write(p, session)
+                _write(p, p.store, p.baseline, session)
             except (UsageError, OSError) as exc:  # the refresh asked for a file: fail, say why
                 report.outcome = "failed"
                 report.longrepr = f"{item.nodeid}: baseline NOT written: {exc}"
                 _not_written(item, p, session, f"it could not be written: {exc}", "failed")
-        else:
+        elif not report.passed:
             first = excinfo.exconly().strip().splitlines()[0] if excinfo else report.outcome
             did = "failed" if report.failed else "was skipped"
             why = f"the test {did} after moeperf.run() ({first})"
-            _not_written(item, p, session, why, report.outcome)
+            if p.baseline is not None:
+                _not_written(item, p, session, why, report.outcome)
+            else:
+                _body_outcome(item, p, why, report.outcome)
         p.result.table = p.render(p.result.data)
         session.notify(p.result)
 
 
-def _write(p: PendingBaseline, session: MoePerfSession) -> None:
+def _write(p: PendingBaseline, store: BaselineStore, baseline: Baseline,
+           session: MoePerfSession) -> None:  # fmt: skip
     notes: list[str] = []
 
     def check(path: Path) -> None:  # under the store's lock, before the rename
@@ -90,7 +95,7 @@ def _write(p: PendingBaseline, session: MoePerfSession) -> None:
         if now != p.seen.get(path.name):
             notes.append(_changed(path, p.seen.get(path.name), now))
 
-    path = p.store.write(p.baseline, complete=True, before_replace=check)
+    path = store.write(baseline, complete=True, before_replace=check)
     block = p.result.data["baseline"]
     block["status"], block["refresh"] = "written", f"written: {path}"
     for note in notes:
@@ -121,9 +126,16 @@ def _not_written(item: pytest.Item, p: PendingBaseline, session: MoePerfSession,
                  outcome: str) -> None:  # fmt: skip
     block = p.result.data["baseline"]
     block["status"], block["refresh"] = "not-written", f"not-written: {why}"
-    if outcome != "passed":
-        p.result.outcome = outcome
-        p.result.reasons.append(why)
-        item.user_properties[:] = [(k, outcome if k == "moeperf.outcome" else v)
-                                   for k, v in item.user_properties]  # fmt: skip
+    _body_outcome(item, p, why, outcome)
     session.warn(f"{p.result.nodeid}: baseline not-written: {why}")
+
+
+def _body_outcome(item: pytest.Item, p: PendingBaseline, why: str, outcome: str) -> None:
+    """The result says what the test said: a body that failed after a passing ``run()`` fails
+    its result (a run that failed by itself already says why)."""
+    if outcome == "passed" or p.result.outcome != "passed":
+        return
+    p.result.outcome = outcome
+    p.result.reasons.append(why)
+    item.user_properties[:] = [(k, outcome if k == "moeperf.outcome" else v)
+                               for k, v in item.user_properties]  # fmt: skip

@@ -59,11 +59,13 @@ def _project(pytester: pytest.Pytester, body: str) -> None:
     )
 
 
-def _run(pytester: pytest.Pytester, url: str, *extra: str) -> tuple[Any, dict[str, Any]]:
+def _run(pytester: pytest.Pytester, url: str, *extra: str,
+         refresh: bool = True) -> tuple[Any, dict[str, Any]]:  # fmt: skip
     results = pytester.path / "results.json"
+    flags = ("--moeperf-refresh-baselines", "--moeperf-reason", "pending test") if refresh else ()
     out = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--moeperf-server-url", url, "--moeperf-results",
-        str(results), "--moeperf-refresh-baselines", "--moeperf-reason", "pending test", *extra,
+        str(results), *flags, *extra,
     )  # fmt: skip
     (res,) = json.loads(results.read_text())["results"]
     return out, res
@@ -100,6 +102,20 @@ def test_a_body_failing_after_run_writes_nothing(pytester: pytest.Pytester, serv
     assert any(r.startswith(why) for r in res["reasons"]), res["reasons"]
     out.stdout.fnmatch_lines([f"*baseline: NOT written ({why}*", "*test_goodput*failed*"])
     assert "baseline: written" not in out.stdout.str()
+
+
+def test_a_body_failing_after_run_fails_its_result_without_a_refresh(
+    pytester: pytest.Pytester, serve: Any
+) -> None:
+    """Was: with no baseline file to wait for, results.json kept "passed" for a failed test."""
+    url, _ = serve(delay_s=0.001)
+    _project(pytester, BODY["fails"])
+    out, res = _run(pytester, url, refresh=False)
+    out.assert_outcomes(failed=1)
+    assert _files(pytester) == []
+    assert res["outcome"] == "failed"
+    why = "the test failed after moeperf.run() (AssertionError: the body checks something else"
+    assert any(r.startswith(why) for r in res["reasons"]), res["reasons"]
 
 
 def test_a_body_skipping_after_run_writes_nothing(pytester: pytest.Pytester, serve: Any) -> None:

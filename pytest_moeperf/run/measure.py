@@ -148,12 +148,13 @@ class PerfTest:
         outcome = "partial" if partial else ("failed" if reasons else "passed")
         result = PerfResult(self.item.nodeid, outcome, data, table=self._table(data),
                             reasons=reasons)  # fmt: skip
-        candidate = self._candidate
-        self.session.record(result, notify=candidate is None)
-        if candidate is not None:  # written once the test body has passed (pending.settle)
-            store, baseline = candidate
-            pending.defer(self.item, pending.PendingBaseline(store, baseline, self._seen, result,
-                                                             self._table))  # fmt: skip
+        # The outcome (and a refresh's file) waits for the test body (pending.settle); an
+        # interrupt skips makereport, so its result is final now.
+        self.session.record(result, notify=interrupted is not None)
+        if interrupted is None:
+            store, baseline = self._candidate or (None, None)
+            pending.defer(self.item, pending.PendingBaseline(result, self._table, store, baseline,
+                                                             self._seen))  # fmt: skip
         for name, entry in data["metrics"].items():
             self.item.user_properties.append((f"moeperf.{name}", entry["center"]))
         self.item.user_properties.append(("moeperf.outcome", outcome))
