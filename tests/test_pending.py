@@ -110,10 +110,18 @@ def test_a_body_failing_after_run_fails_its_result_without_a_refresh(
     """Was: with no baseline file to wait for, results.json kept "passed" for a failed test."""
     url, _ = serve(delay_s=0.001)
     _project(pytester, BODY["fails"])
+    pytester.makeconftest(
+        "import json\n\n\ndef pytest_moeperf_result(config, nodeid, result):\n"
+        "    with open('hook.jsonl', 'a') as f:\n"
+        "        f.write(json.dumps([nodeid, result['outcome']]) + '\\n')\n"
+    )
     out, res = _run(pytester, url, refresh=False)
     out.assert_outcomes(failed=1)
     assert _files(pytester) == []
     assert res["outcome"] == "failed"
+    # the hook is called once, with the test's outcome
+    calls = (pytester.path / "hook.jsonl").read_text().splitlines()
+    assert [json.loads(c) for c in calls] == [["test_it.py::test_goodput", "failed"]]
     why = "the test failed after moeperf.run() (AssertionError: the body checks something else"
     assert any(r.startswith(why) for r in res["reasons"]), res["reasons"]
 

@@ -73,6 +73,7 @@ class PerfTest:
         self.verdicts: list[Verdict] = []  # against the stored baseline, for the table
         self._seen: dict[str, Any] = {}  # the test's baseline files as the run started
         self._candidate: tuple[Any, Any] | None = None  # (store, baseline) a refresh writes
+        self._setup_key: BaselineKey | None = None  # this run's setup key, once built
 
     # -- plan ---------------------------------------------------------------------------------
     def plan(self) -> Plan:
@@ -97,6 +98,7 @@ class PerfTest:
     # -- the flow -----------------------------------------------------------------------------
     def run(self) -> PerfResult:
         plan = self.plan()
+        self._setup_key = None  # built afresh by each run()
         data: dict[str, Any] = {"quick": plan.quick, "config_label": plan.moe.name}
         reasons: list[str] = []
         root = settings.of(self.item).baseline_dir.value
@@ -345,9 +347,12 @@ class PerfTest:
                 "rated_bandwidth_tb_s": bw / 1e12 if bw else None}  # fmt: skip
 
     def _key(self, plan: Plan, env: Any, model_dir: Path | None) -> BaselineKey:
-        """The setup this run is stored and compared under (``baseline.key``)."""
-        folder = self.server.config.tuned_config_folder if self.server is not None else None
-        return setup_key(self.config, plan, env, model_dir, folder)
+        """The setup this run is stored and compared under (``baseline.key``): built once a
+        run (it hashes the model's files), read by the seed and by the baseline step."""
+        if self._setup_key is None:
+            folder = self.server.config.tuned_config_folder if self.server is not None else None
+            self._setup_key = setup_key(self.config, plan, env, model_dir, folder)
+        return self._setup_key
 
     def _baseline_bracket(self, plan: Plan, env: Any,
                           model_dir: Path | None) -> tuple[float, float, str] | None:  # fmt: skip
