@@ -58,7 +58,10 @@ def parse_bool(text: str) -> bool:
 
 
 def parse_positive_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("must be an integer >= 1") from None
     if value < 1:
         raise ValueError("must be an integer >= 1")
     return value

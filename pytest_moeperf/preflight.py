@@ -54,6 +54,28 @@ def check_item(item: pytest.Item) -> None:
         _check_engine_args(item, spec, resolved.cache_dir.value)
     if "moeperf" in names:
         check_baselines(resolved.baseline_dir.value, item.nodeid)
+        check_records_dir(item.config)
+
+
+def check_records_dir(config: pytest.Config) -> None:
+    """``--moeperf-records`` must name a folder this run can write: found now, not when the
+    first probe's records are due (after a server start and a warm-up)."""
+    import tempfile
+
+    records = options.resolve(config, "moeperf_records")
+    if records.value is None:
+        return
+    path = options.rooted(config, records.value)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".moeperf-write-check-"):
+            pass
+    except OSError as exc:
+        raise UsageError(records.source, "moeperf_records", records.value,
+                         f"cannot write per-request records in {path} "
+                         f"({exc.strerror or type(exc).__name__})",
+                         "give a folder this user can create and write, or drop the option",
+                         ) from None  # fmt: skip
 
 
 def _check_engine_args(item: pytest.Item, spec: Spec, cache_dir: Path | None) -> None:

@@ -155,6 +155,20 @@ def test_bad_option_on_the_command_line(pytester: pytest.Pytester) -> None:
               "Fix: set a valid value for --moeperf-runs")  # fmt: skip
 
 
+def test_a_fraction_where_an_integer_belongs(pytester: pytest.Pytester) -> None:
+    result = _run(pytester, args=("--moeperf-runs", "1.5"))
+    _one_line(result, "command line --moeperf-runs: moeperf_runs = '1.5'",
+              "must be an integer >= 1")  # fmt: skip
+
+
+def test_records_folder_that_cannot_be_written(pytester: pytest.Pytester) -> None:
+    """Found before the server starts, not when the first probe's records are due."""
+    (pytester.path / "afile").write_text("")
+    result = _run(pytester, args=("--moeperf-records", "afile/records"))
+    _one_line(result, "command line --moeperf-records: moeperf_records = 'afile/records'",
+              "cannot write per-request records in", "Not a directory")  # fmt: skip
+
+
 def test_bad_option_in_the_ini_file(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:

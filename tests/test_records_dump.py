@@ -82,3 +82,24 @@ def test_without_the_option_nothing_is_written(pytester: pytest.Pytester, serve:
                                         "--moeperf-results", "r.json")  # fmt: skip
     out.assert_outcomes(passed=1)
     assert not list(pytester.path.rglob("*.jsonl.gz"))
+
+
+def test_a_failed_write_mid_run_is_said_and_the_run_goes_on(
+    pytester: pytest.Pytester, serve: Any
+) -> None:
+    """A disk that fills during a night's run: the records stop, the measurement does not."""
+    url = _project(pytester, serve)
+    pytester.makeconftest(
+        "from pathlib import Path\n\n\ndef pytest_moeperf_probe_start(config, nodeid, "
+        "run_number, probe_number, rate, server_pid):\n"
+        "    Path('recs/test_it.py_test_goodput').write_text('a file where a folder goes')\n"
+    )  # root ignores permission bits: a file in the folder's place fails for anyone
+    results = pytester.path / "results.json"
+    out = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--moeperf-server-url", url,
+                                        "--moeperf-results", str(results),
+                                        "--moeperf-records", "recs")  # fmt: skip
+    (res,) = json.loads(results.read_text())["results"]
+    out.stdout.fnmatch_lines(["*records of run 1 probe 1 not written to *recs/*: *; the "
+                              "measurement goes on*"])  # fmt: skip
+    out.assert_outcomes(passed=1)
+    assert res["outcome"] == "passed" and res["search_runs"][0]["probes"]

@@ -253,11 +253,7 @@ def measure_run(
         stats = sampler.stop()
         run = mark_cut(run)
         if records_dir is not None:
-            from pytest_moeperf.load.records import write_records
-
-            loads = len(list(records_dir.glob(f"run{index + 1}-*.jsonl.gz"))) + 1
-            write_records(run, records_dir / f"run{index + 1}-{loads:02d}-{rate:.4g}rps.jsonl.gz",
-                          run_number=index + 1, probe_number=i + 1, rate=rate)  # fmt: skip
+            _keep_records(run, records_dir, index + 1, i + 1, rate, say)
         energy.append({"rate": rate, **reading.to_dict()})
         if not endpoint.alive():
             statuses = Counter(r.status for r in run.requests)
@@ -449,3 +445,19 @@ def _finite(value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return float(value)
+
+
+def _keep_records(run: RunRecord, folder: Path, run_number: int, probe_number: int,
+                  rate: float, say: Callable[[str], None] | None) -> None:  # fmt: skip
+    """``--moeperf-records``: one load's records. A write that fails mid-run (a full disk) is
+    said and the run goes on: records explain a measurement, they must never cost it."""
+    from pytest_moeperf.load.records import write_records
+
+    loads = len(list(folder.glob(f"run{run_number}-*.jsonl.gz"))) + 1
+    path = folder / f"run{run_number}-{loads:02d}-{rate:.4g}rps.jsonl.gz"
+    try:
+        write_records(run, path, run_number=run_number, probe_number=probe_number, rate=rate)
+    except OSError as exc:
+        if say is not None:
+            say(f"records of run {run_number} probe {probe_number} not written to {path}: "
+                f"{exc.strerror or type(exc).__name__}; the measurement goes on")  # fmt: skip
