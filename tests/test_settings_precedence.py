@@ -234,10 +234,12 @@ def _bad(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, source: str
 
 
 BAD_RUNS = {
-    "command line": ("zero", "command line --moeperf-runs: moeperf_runs = 'zero': invalid literal"),
+    "command line": ("zero", "command line --moeperf-runs: moeperf_runs = 'zero': must be an "
+                     "integer >= 1"),
     "environment": ("-1", "environment variable MOEPERF_RUNS: moeperf_runs = '-1': must be an "
                     "integer >= 1"),
-    "ini file": ("many", "ini option moeperf_runs ({ini}): moeperf_runs = 'many': invalid literal"),
+    "ini file": ("many", "ini option moeperf_runs ({ini}): moeperf_runs = 'many': must be an "
+                 "integer >= 1"),
 }  # fmt: skip
 
 
