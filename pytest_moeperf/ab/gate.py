@@ -21,6 +21,7 @@ from pytest_moeperf.errors import UsageError
 from pytest_moeperf.run.measure import PerfTest, Plan
 from pytest_moeperf.run.probe import Endpoint, RunMeasurement, ServerDied
 from pytest_moeperf.run.record import collect_metrics, metric_entry, result_table, spec_summary
+from pytest_moeperf.run.source import Served
 from pytest_moeperf.server.process import VllmServer
 from pytest_moeperf.session import PerfResult
 
@@ -145,7 +146,10 @@ class AbTest:
         sides = {"base": self._start_side(case, case.base, model_dir, args)}
         self.perf.server = sides["base"].server
         sides["head"] = self._start_side(case, case.head, model_dir, args)
-        env = self.perf.environment(plan, sides["base"].endpoint)
+        env = self.perf.environment(
+            plan,
+            Served(sides["base"].endpoint, model_dir, sides["base"].check, sides["base"].server),
+        )
         driver = self.perf.driver(plan, model_dir, env)
         out = AbOutcome(case, plan, pairs, [], sides, [], None, [], [], env, perm=perm)
         out.failures += perm.failures(case.file_name) if perm is not None else []

@@ -40,6 +40,7 @@ from pytest_moeperf.spec.model import Slo, Spec
 if TYPE_CHECKING:
     from pytest_moeperf.baseline import BaselineKey
     from pytest_moeperf.run.driver import RunDriver
+    from pytest_moeperf.run.source import Served, ServerSource
     from pytest_moeperf.server.process import VllmServer
     from pytest_moeperf.verdict import Verdict
 
@@ -108,15 +109,18 @@ class PerfTest:
         # the test's baseline files as this run starts: a refresh then sees a concurrent one
         self._seen = pending.snapshot(BaselineStore(root), self.item.nodeid) if root else {}
 
-        if calibration.on_this_machine(plan.server_url):  # once a session, before a server runs
+        source = self.source(plan)
+        if source.on_this_machine:  # once a session, before a server runs
             calibration.measure_for_session(self.config)
-        endpoint, model_dir, check = self._start(plan)
-        env = self.environment(plan, endpoint)
+        served = source.start(plan.spec, plan.moe)
+        self.server = served.server
+        endpoint, model_dir, check = served.endpoint, served.model_dir, served.check
+        env = self.environment(plan, served)
         from pytest_moeperf.hygiene import check_before_load  # after startup, before load
 
         data["hygiene"], noisy = check_before_load(self.server,
                                                    env.gpu_indices, backend=env.backend,
-                                                   server_url=plan.server_url)  # fmt: skip
+                                                   server_url=source.url)  # fmt: skip
         if noisy:
             self.session.warn(f"{self.item.nodeid}: {noisy}")
         data["spec"] = spec_summary(plan)
@@ -166,24 +170,13 @@ class PerfTest:
             pytest.fail("; ".join(reasons), pytrace=False)
         return result
 
-    def _start(self, plan: Plan) -> tuple[Endpoint, Path | None, str]:
-        if plan.server_url:
-            from pytest_moeperf.external import served_model
+    def source(self, plan: Plan) -> ServerSource:
+        """The server this test measures: one it starts, or the external URL it was given."""
+        from pytest_moeperf.run.source import ExternalUrl, LocalVllm
 
-            model = served_model(self.config, plan.server_url)
-            return (Endpoint(plan.server_url, model), None,
-                    f"declared, not set: {plan.moe.name} on external server "
-                    f"{plan.server_url}")  # fmt: skip
-        model_dir = self.model_dir(plan.spec)
-        args = plan.spec.vllm_args()
-        self.config.hook.pytest_moeperf_server_command(config=self.config, command=args)
-        server = self.factory(model_dir, args, name=plan.moe.name,
-                              moe_config_folder=plan.moe.folder,
-                              moe_config_files=plan.moe.files,
-                              env=plan.spec.parallelism.server_env())  # fmt: skip
-        self.server = server
-        endpoint = Endpoint(server.base_url, server.model_name, server.alive, server.pgid)
-        return endpoint, model_dir, self.factory.checks[-1].message
+        if plan.server_url:
+            return ExternalUrl(self.config, plan.server_url)
+        return LocalVllm(self.config, self.factory, self.model_dir)
 
     def _loaded(self) -> tuple[str, ...]:
         return self.server.moe_observation().loaded if self.server is not None else ()
@@ -204,32 +197,14 @@ class PerfTest:
                              f"{models.value} (models folder: {models.source})")  # fmt: skip
         return p
 
-    def environment(self, plan: Plan, endpoint: Endpoint) -> Any:
+    def environment(self, plan: Plan, served: Served) -> Any:
         from pytest_moeperf import environment
-        from pytest_moeperf.server.logscan import engine_version
 
-        server = self.server
-        log = server.log_text() if server is not None else ""
-        backend = (
-            "external"
-            if plan.server_url
-            else (
-                "cpu"
-                if server is not None and server.moe_observation().backend == "cpu"
-                else "cuda"
-            )
-        )
-        version, devices = engine_version(log) if log else None, None
-        if server is not None:
-            devices = server.gpu_devices  # leased from the GPU pool
-        elif plan.server_url:
-            from pytest_moeperf.external import describe
-
-            ext = describe(self.config, plan.server_url)
-            version, devices = ext.version or "unknown (external)", ext.devices
-        return environment.collect(engine_version=version, backend_hint=backend,
+        engine = self.source(plan).engine(served)
+        return environment.collect(engine_version=engine.version, backend_hint=engine.backend,
                                    gpus_needed=plan.spec.parallelism.gpus,
-                                   cwd=Path(self.config.rootpath), devices=devices)  # fmt: skip
+                                   cwd=Path(self.config.rootpath),
+                                   devices=engine.devices)  # fmt: skip
 
     def driver(self, plan: Plan, model_dir: Path | None, env: Any) -> RunDriver:
         """The run driver: meter (hook or NVML), prompt vocabulary, MBU inputs, progress."""
@@ -238,12 +213,7 @@ class PerfTest:
 
         meter = self.config.hook.pytest_moeperf_energy_meter(
             config=self.config, device_indices=list(env.gpu_indices)
-        )
-        if meter is None and env.backend == "external" and not env.gpu_indices:
-            from pytest_moeperf.external import ENERGY_NOT_MEASURED
-            from pytest_moeperf.metrics.energy import NotMeasuredMeter
-
-            meter = NotMeasuredMeter(ENERGY_NOT_MEASURED)
+        ) or self.source(plan).energy_fallback(tuple(env.gpu_indices))
         if meter is None:
             meter = make_default_meter(list(env.gpu_indices))
         return RunDriver(plan.spec, plan.slo, meter, vocab_size(model_dir),
