@@ -12,6 +12,8 @@
 #   nightly            the whole nightly selection (every --gpu test but the A/B gate), refresh
 #   compared           the same selection as CI runs it: no refresh, judged against the committed
 #                      baselines (a compared run seeds its first search from their brackets)
+#   auto               compared where the committed baselines have this GPU's (the H100's since
+#                      2026-12-06), else nightly: a lent card of either kind gets the useful one
 #   longrun            benchmarks/h200/long_run_check.py at the bf16 baseline's boundary R and 1.1 R
 #   gate               the PR gate end to end on an H200 (another GPU skips it: the file is
 #                      the H200's): in-tree vs large-M-worse (every key M >= 64 poorly tiled),
@@ -54,6 +56,13 @@ stage() {
       --moeperf-results "$O/results-compared.json" --moeperf-report "$O/report-compared" \
       --junitxml "$O/junit-compared.xml" --moeperf-records "$O/records-compared" \
       > "$O/pytest-compared.log" 2>&1 ;;
+  auto)
+    local g; g=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | tr ' ' _)
+    if ls "$O"/baselines/*test_h200_fixed_in_tree*/cuda-"$g"x1-*.json >/dev/null 2>&1; then
+      echo "auto: the baselines have $g: compared" >> "$O/state.txt"; stage compared
+    else
+      echo "auto: no baselines for $g: nightly (refresh)" >> "$O/state.txt"; stage nightly
+    fi ;;
   longrun)
     env_run python3 -X faulthandler benchmarks/h200/long_run_check.py \
       --spec perf_tests/specs/h200-fixed-1024-128.yaml \
