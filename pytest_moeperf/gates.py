@@ -16,7 +16,12 @@ from pytest_moeperf.baseline import Baseline, BaselineKey, BaselineStore, Proven
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.markers import AccuracyGate
 from pytest_moeperf.verdict import Verdict
-from pytest_moeperf.verdict.server_cost import load_confounded, server_cost_notes, stalled_verdicts
+from pytest_moeperf.verdict.server_cost import (
+    capped_verdicts,
+    load_confounded,
+    server_cost_notes,
+    stalled_verdicts,
+)
 
 REFRESH_HINT = "pytest {target} --moeperf-refresh-baselines --moeperf-reason '...'"
 
@@ -95,7 +100,9 @@ def compare(
     resolution = max(search_resolution(baseline.runs), search_resolution(candidate_runs))
     out.verdicts = judge_all(baseline.metrics, {n: candidate[n] for n in names},
                              source=f"baseline {path}", resolution=resolution)  # fmt: skip
-    out.verdicts = load_confounded(stalled_verdicts(out.verdicts, baseline.runs, candidate_runs))
+    out.verdicts = load_confounded(capped_verdicts(
+        stalled_verdicts(out.verdicts, baseline.runs, candidate_runs), baseline.runs,
+        candidate_runs))  # fmt: skip
     measured = [n for n in candidate if candidate[n]]
     if measured and not any(v.gating for v in out.verdicts):  # compared nothing: no gate
         out.failures.append(f"baseline {path} shares no gated metric with this run (baseline: "

@@ -254,3 +254,52 @@ def test_a_stalled_refresh_never_replaces_a_compared_baseline() -> None:
         "refresh again")  # fmt: skip
     assert PerfTest._stalled_replacement("missing", None, runs(828.0)) is None
     assert PerfTest._stalled_replacement("compared", "b.json", runs(5.0)) is None
+
+
+# -- a boundary met at search.rate_max is a floor ----------------------------------------------
+def _cap_run(lo: float, hi: float | None, converged: bool = True) -> dict[str, Any]:
+    return {"bracket": [lo, hi], "converged": converged, "probes": []}
+
+
+def _capped(base_runs: list[dict[str, Any]], cand_runs: list[dict[str, Any]],
+            base_rate: list[float], cand_rate: list[float]) -> dict[str, Any]:  # fmt: skip
+    from pytest_moeperf.verdict import judge_all
+    from pytest_moeperf.verdict.server_cost import capped_verdicts
+
+    base = {"slo_rate_rps": base_rate, "slo_goodput_tok_s": [r * 32 for r in base_rate],
+            "ttft_p99_ms": [400.0, 410.0, 420.0]}  # fmt: skip
+    cand = {"slo_rate_rps": cand_rate, "slo_goodput_tok_s": [r * 32 for r in cand_rate],
+            "ttft_p99_ms": [400.0, 405.0, 415.0]}  # fmt: skip
+    raw = judge_all(base, cand, source="test")
+    return {v.metric: v for v in capped_verdicts(raw, base_runs, cand_runs)}
+
+
+def test_both_sides_met_at_rate_max_is_inconclusive_not_unchanged() -> None:
+    """A build twice as slow that still meets the cap reads the same: no verdict, and why."""
+    runs = [_cap_run(40.0, None)] * 3
+    got = _capped(runs, runs, [40.0] * 3, [40.0] * 3)
+    for name in ("slo_rate_rps", "slo_goodput_tok_s"):
+        v = got[name]
+        assert v.outcome == "inconclusive" and not v.fails, v
+        assert "every run of both sides met the SLO at search.rate_max (40 req/s)" in v.reason
+        assert v.advice == "raise search.rate_max in the spec to find the boundary"
+    assert got["ttft_p99_ms"].outcome == "unchanged"  # read at one rate on both sides: judged
+
+
+def test_a_side_that_found_its_boundary_below_the_cap_is_judged() -> None:
+    """Falling below the other side's floor is a real regression."""
+    base = [_cap_run(40.0, None)] * 3
+    cand = [_cap_run(20.0, 22.0), _cap_run(20.5, 22.5), _cap_run(19.5, 21.5)]
+    got = _capped(base, cand, [40.0] * 3, [20.0, 20.5, 19.5])
+    assert got["slo_rate_rps"].outcome == "regressed"
+    assert "rate_max" not in got["slo_rate_rps"].reason
+
+
+def test_an_unconverged_run_without_a_miss_is_not_a_cap() -> None:
+    from pytest_moeperf.verdict.server_cost import capped
+
+    assert capped(_cap_run(40.0, None))
+    assert not capped(_cap_run(40.0, None, converged=False))
+    assert not capped(_cap_run(40.0, 44.0))
+    assert not capped({"bracket": [None, None], "converged": False})
+    assert not capped({})

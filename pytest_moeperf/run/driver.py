@@ -239,10 +239,13 @@ class RunDriver:
         if lo is not None:
             self._warm[endpoint.base_url] = (lo, hi, run.probe_span_s)
             goodput = run.metrics.get("slo_goodput_tok_s")
-            if goodput is not None and run.search.estimate is not None:
-                top = f"{hi:.3g}" if hi is not None else "not probed"
-                self.say(f"{label}: SLO boundary {run.search.estimate:.4g} req/s (met "
-                         f"{lo:.3g}, missed {top}), SLO goodput {goodput:.4g} tok/s")  # fmt: skip
+            if goodput is not None and run.search.estimate is not None and hi is None:
+                self.say(f"{label}: SLO met at search.rate_max {lo:.4g} req/s, SLO goodput "
+                         f"{goodput:.4g} tok/s: both are floors, the boundary is higher (raise "
+                         "search.rate_max to find it)")  # fmt: skip
+            elif goodput is not None and run.search.estimate is not None:
+                self.say(f"{label}: SLO boundary {run.search.estimate:.4g} req/s (met {lo:.3g}, "
+                         f"missed {hi:.3g}), SLO goodput {goodput:.4g} tok/s")  # fmt: skip
         if not run.complete and run.incomplete_reason:
             self.say(f"{label}: does not count: {run.incomplete_reason}")
         return run

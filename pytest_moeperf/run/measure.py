@@ -403,11 +403,17 @@ class PerfTest:
                 reason=str(s.reason.value or "")))  # fmt: skip
             data["baseline"]["status"] = "pending"
             data["baseline"]["refresh"] = "pending: written once the test body has passed"
-            from pytest_moeperf.verdict.server_cost import stalled_recording
+            from pytest_moeperf.verdict.server_cost import capped, stalled_recording
 
-            if (stalled := stalled_recording(run_dicts)) is not None:
-                data["baseline"]["warnings"].append(f"this baseline was {stalled}")
-                self.session.warn(f"{test_id}: this baseline was {stalled}")
+            notes = [f"this baseline was {stalled}"] if (
+                stalled := stalled_recording(run_dicts)) is not None else []  # fmt: skip
+            if all(capped(r) for r in run_dicts):
+                notes.append("this baseline's boundary is a floor: every run met the SLO at "
+                             "search.rate_max, so SLO goodput compared with it reads "
+                             "inconclusive while both sides meet the cap")  # fmt: skip
+            for note in notes:
+                data["baseline"]["warnings"].append(note)
+                self.session.warn(f"{test_id}: {note}")
 
     @staticmethod
     def _stalled_replacement(status: str, path: str | None, runs: list[Any]) -> str | None:

@@ -208,3 +208,35 @@ def load_confounded(verdicts: Sequence[Any]) -> list[Any]:
                     advice="compare latencies at one rate: a spec with a fixed arrival rate")
             if v.metric in BOUNDARY_LATENCIES and v.outcome == confounded else v
             for v in verdicts]  # fmt: skip
+
+
+def capped(run: Mapping[str, Any]) -> bool:
+    """A search run that met the SLO at ``search.rate_max``: its boundary and goodput are
+    floors (``run/search.py``: converged with nothing missed above)."""
+    bracket = run.get("bracket")
+    return (bool(run.get("converged")) and isinstance(bracket, list | tuple) and len(bracket) == 2
+            and bracket[0] is not None and bracket[1] is None)  # fmt: skip
+
+
+def capped_verdicts(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[str, Any]],
+                    candidate_runs: Sequence[Mapping[str, Any]]) -> list[Any]:  # fmt: skip
+    """Searched metrics when every run of both sides met the SLO at ``search.rate_max``: both
+    figures are floors, so equal floors say nothing about the servers (a build twice as slow
+    that still meets the cap reads the same). Such a verdict is inconclusive, never
+    "unchanged"; the latencies, read at that one rate on both sides, keep theirs. A side that
+    found its boundary below the cap is judged as usual: falling below the other's floor is
+    real."""
+    from dataclasses import replace
+
+    from pytest_moeperf.verdict.metrics import DEFAULT_METRICS
+
+    sides = (baseline_runs, candidate_runs)
+    if not all(runs and all(capped(r) for r in runs) for runs in sides):
+        return list(verdicts)
+    top = max(float(r["bracket"][0]) for runs in sides for r in runs)
+    why = (f"every run of both sides met the SLO at search.rate_max ({top:.4g} req/s): both "
+           "figures are floors, and the boundary is higher")  # fmt: skip
+    advice = "raise search.rate_max in the spec to find the boundary"
+    return [replace(v, outcome="inconclusive", reason=f"{v.reason}; but {why}", advice=advice)
+            if (spec := DEFAULT_METRICS.get(v.metric)) is not None and spec.searched
+            else v for v in verdicts]  # fmt: skip
