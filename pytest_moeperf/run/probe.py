@@ -55,11 +55,18 @@ SEARCH_SCHEDULE = 0
 MEASUREMENT_VERSION = 2
 
 
-def keyed_spec_hash(spec: Spec) -> str:
-    """The spec's hash with ``MEASUREMENT_VERSION`` folded in (16 hex digits): the key field."""
+def keyed_spec_hash(spec: Spec, slo: Slo | None = None) -> str:
+    """The spec's hash with ``MEASUREMENT_VERSION`` folded in (16 hex digits): the key field.
+
+    ``slo``: the SLO the run judged by, folded in where it is not the spec's own (a
+    ``moeperf_slo`` marker): the boundary, so every searched figure, belongs to its SLO, and a
+    tightened marker compared with the old baseline read as a regression. Where they agree the
+    hash is the spec's alone, so baselines recorded before this rule keep their key."""
     import hashlib
 
-    return hashlib.sha256(f"{spec.hash()}/m{MEASUREMENT_VERSION}".encode()).hexdigest()[:16]
+    own = "" if slo is None or slo == spec.slo else (
+        f"/slo{slo.ttft_p99_ms!r},{slo.tpot_p99_ms!r},{slo.e2el_p99_ms!r}")  # fmt: skip
+    return hashlib.sha256(f"{spec.hash()}/m{MEASUREMENT_VERSION}{own}".encode()).hexdigest()[:16]
 
 
 class ServerDied(MoePerfError):

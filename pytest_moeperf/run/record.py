@@ -166,7 +166,7 @@ def setup_key(config: pytest.Config, plan: Plan, env: Any, model_dir: Path | Non
         dtype=plan.spec.model.dtype,
         tp=p.tensor,
         dp=p.data,
-        spec_hash=keyed_spec_hash(plan.spec),
+        spec_hash=keyed_spec_hash(plan.spec, plan.slo),
         moe_config_hash=config_hash(folder) if folder else "declared",
         calibration=calibration.for_key(config, env.gpus),
     )
