@@ -38,3 +38,10 @@ class ServerError(MoePerfError):
         if log_tail:
             parts.append("--- server log (last lines) ---\n" + log_tail)
         super().__init__("\n".join(parts))
+
+
+class GateFailure(MoePerfError):
+    """A run that measured, and a gate said no (the SLO, the baseline, accuracy, the A/B
+    verdict): the reasons on one line. The flow raises it rather than ``pytest.fail``, so it
+    does not need pytest to run; the plugin shows it as the test's failure, without a
+    traceback. The result was recorded before it is raised."""

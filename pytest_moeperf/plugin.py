@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_moeperf import markers, options
-from pytest_moeperf.errors import ServerError, UsageError
+from pytest_moeperf.errors import GateFailure, ServerError, UsageError
 from pytest_moeperf.session import MoePerfSession  # light: json, time, options
 
 if TYPE_CHECKING:
@@ -77,13 +77,15 @@ class _XdistRelay:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
-    """A UsageError (a bad path found late) or a ServerError raised inside a test is shown as
-    its own message: one line, or the server's command and log tail, without plugin internals.
+    """A UsageError (a bad path found late), a ServerError or a GateFailure (a gate said no)
+    raised inside a test is shown as its own message: one line, or the server's command and log
+    tail, without plugin internals.
     A refreshed baseline prepared by ``moeperf.run()`` is written here, once the body passed.
     On an xdist worker: ship this test's results with its report (pytest serialises it)."""
     report = yield
     exc = call.excinfo
-    if exc is not None and report.failed and isinstance(exc.value, UsageError | ServerError):
+    shown = UsageError | ServerError | GateFailure
+    if exc is not None and report.failed and isinstance(exc.value, shown):
         report.longrepr = str(exc.value)
     session = item.config.stash.get(SESSION_KEY, None)
     if session is not None and (call.when != "setup" or report.failed):

@@ -156,3 +156,23 @@ def test_a_file_rewritten_meanwhile_is_named(
     assert "reason 'the other job'" in note and "this run's file replaced it and stands" in note
     second.stdout.fnmatch_lines([f"*baseline {path} changed since this run started*"])
     assert json.loads(path.read_text())["provenance"]["reason"] == "pending test"
+
+
+def test_a_gate_that_says_no_fails_the_test_in_one_line(
+    pytester: pytest.Pytester, serve: Any
+) -> None:
+    """The flow raises GateFailure (not pytest.fail: it runs without pytest); the test fails
+    with the gate's reasons, no traceback, and the result says the same."""
+    url, _ = serve(delay_s=0.001)
+    (pytester.path / "perf_tests" / "specs").mkdir(parents=True)
+    (pytester.path / "perf_tests" / "specs" / "pending.yaml").write_text(
+        SPEC.replace("ttft_p99_ms: 2000", "ttft_p99_ms: 0.001"))  # fmt: skip
+    pytester.makepyfile(test_it="import pytest\n\n\n@pytest.mark.moeperf_spec('pending.yaml')\n"
+                        "def test_goodput(moeperf):\n    moeperf.run()\n")  # fmt: skip
+    out, res = _run(pytester, url, refresh=False)
+    out.assert_outcomes(failed=1)
+    text = out.stdout.str()
+    assert "Traceback" not in text and "GateFailure" not in text, text
+    out.stdout.fnmatch_lines(["*FAILED test_it.py::test_goodput - SLO gate (spec *"])
+    assert res["outcome"] == "failed"
+    assert res["reasons"][0].startswith("SLO gate (spec ")

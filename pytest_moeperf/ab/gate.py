@@ -17,7 +17,7 @@ import pytest
 
 from pytest_moeperf import settings
 from pytest_moeperf.ab.cases import AbCase, AbSide, describe
-from pytest_moeperf.errors import UsageError
+from pytest_moeperf.errors import GateFailure, UsageError
 from pytest_moeperf.run.measure import PerfTest, Plan
 from pytest_moeperf.run.probe import Endpoint, RunMeasurement, ServerDied
 from pytest_moeperf.run.record import collect_metrics, metric_entry, result_table, spec_summary
@@ -113,7 +113,7 @@ class AbTest:
         outcome = self._gate(case, plan)
         head = self._record(outcome)
         if outcome.failures:
-            pytest.fail("; ".join(outcome.failures), pytrace=False)
+            raise GateFailure("; ".join(outcome.failures))
         return head
 
     # -- measuring ------------------------------------------------------------------------------

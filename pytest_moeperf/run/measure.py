@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_moeperf import markers, options, settings
-from pytest_moeperf.errors import UsageError
+from pytest_moeperf.errors import GateFailure, UsageError
 from pytest_moeperf.run.probe import (
     Endpoint,
     MbuInputs,
@@ -167,7 +167,7 @@ class PerfTest:
         if interrupted is not None:  # recorded first: results.json keeps what was measured
             raise interrupted
         if reasons:
-            pytest.fail("; ".join(reasons), pytrace=False)
+            raise GateFailure("; ".join(reasons))
         return result
 
     def source(self, plan: Plan) -> ServerSource:
