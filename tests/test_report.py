@@ -1284,3 +1284,19 @@ def test_requote_restores_free_text_arguments(recorded: str, argv: list[str]) ->
 def test_requote_leaves_quoted_and_other_commands_alone() -> None:
     assert provenance.requote("pytest -k 'a or b'") == "pytest -k 'a or b'"
     assert provenance.requote("vllm serve m --dtype bf16") == "vllm serve m --dtype bf16"
+
+
+def test_a_goodput_met_at_rate_max_is_called_a_floor() -> None:
+    """Every run met the SLO at search.rate_max: the card says the figure is a floor."""
+    payload = read_results_file(Path(NIGHTLY_FILES[0]))
+    capped = copy.deepcopy(payload)
+    for result in capped["results"]:
+        for run in result["search_runs"]:
+            run["bracket"], run["converged"] = [run["bracket"][0], None], True
+    cards = {c.config: c for c in build([capped], title="t", sources=NIGHTLY_FILES[:1],
+                                        out="r/n").cards}  # fmt: skip
+    detail = {f.label: f.detail for f in cards[BF16].figures}["SLO goodput"]
+    assert "met at search.rate_max, so a floor (the boundary is higher)" in detail, detail
+    plain = {c.config: c for c in build([payload], title="t", sources=NIGHTLY_FILES[:1],
+                                        out="r/n").cards}  # fmt: skip
+    assert "floor" not in {f.label: f.detail for f in plain[BF16].figures}["SLO goodput"]

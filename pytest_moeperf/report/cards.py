@@ -61,6 +61,10 @@ def _goodput(r: Result) -> CardFigure:
         lo, hi = rm.spread
         at = (f"SLO boundary {fmt(rate, 'req/s')} (median of {len(rm.runs)} runs, "
               f"{fmt(lo, 'req/s')} to {fmt(hi, 'req/s')}), ")  # fmt: skip
+    from pytest_moeperf.verdict.server_cost import capped
+
+    if r.search_runs and all(capped(run) for run in r.search_runs):
+        at += "met at search.rate_max, so a floor (the boundary is higher), "
     return CardFigure("SLO goodput", fmt_metric(m), f"{at}{slo_text(r.spec)}")
 
 

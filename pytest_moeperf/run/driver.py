@@ -327,8 +327,8 @@ def _fixed_pace(fixed: dict[str, Any], level: int) -> Pace | None:
 
 def _ms(summary: dict[str, Any], key: str) -> str:
     v = summary.get(key, {}).get("p99_ms")
-    if v is None:
-        return "n/a"
+    if v is None or v != v:  # NaN: no request had it (TPOT of one-token outputs)
+        return "not measured"
     return f"{v:.1f} ms" if v < 100 else f"{v:.0f} ms"
 
 
