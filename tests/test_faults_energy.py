@@ -129,3 +129,18 @@ def test_working_nvml_measures_energy(
     _assert_goodput_kept(run)
     assert run.metrics["tok_per_j"] is not None and run.metrics["tok_per_j"] > 0
     assert not [n for n in run.notes if "energy" in n]
+
+
+def test_a_missing_metric_gives_its_own_reason_not_another_metrics() -> None:
+    """Was: every "not measured" note went on every missing metric, so a TPOT missing because
+    every output was one token long read "not measured (energy not measured: ...)"."""
+    from types import SimpleNamespace
+
+    runs: Any = [SimpleNamespace(notes=["energy not measured: no NVML here",
+                                        "MBU not measured: no model shape"])]  # fmt: skip
+    assert metric_entry("tok_per_j", [], runs)["note"] == "energy not measured: no NVML here"
+    assert metric_entry("power_w", [], runs)["note"] == "energy not measured: no NVML here"
+    assert metric_entry("mbu", [], runs)["note"] == "MBU not measured: no model shape"
+    tpot = metric_entry("tpot_p99_ms", [], runs)["note"]
+    assert tpot.startswith("not measured: no request streamed two tokens or more"), tpot
+    assert metric_entry("ttft_p99_ms", [], runs)["note"] == "not measured"

@@ -51,7 +51,17 @@ def slo_failures(plan: Plan, runs: list[RunMeasurement]) -> list[str]:
     return out
 
 
+#: The words by which a run's note speaks of a metric ("energy not measured: ..."); a metric
+#: not listed is named by its first word ("tpot" for tpot_p99_ms).
+NOTE_WORDS = {"tok_per_j": ("energy",), "power_w": ("energy", "power"), "mbu": ("mbu",)}
+#: Why a metric no note speaks of has no value.
+UNMEASURED = {"tpot_p99_ms": "not measured: no request streamed two tokens or more (TPOT is "
+                             "the time between them)"}  # fmt: skip
+
+
 def metric_entry(name: str, values: list[float], runs: list[RunMeasurement]) -> dict[str, Any]:
+    """A metric's runs, unit and median; without values, why (the notes that speak of it: an
+    energy note is not the reason a TPOT is missing)."""
     import statistics
 
     entry: dict[str, Any] = {
@@ -60,9 +70,9 @@ def metric_entry(name: str, values: list[float], runs: list[RunMeasurement]) -> 
         "center": statistics.median(values) if values else None,
     }
     if not values:
-        notes = sorted({n for r in runs for n in r.notes if name.split("_")[0] in n.lower()
-                        or "not measured" in n})  # fmt: skip
-        entry["note"] = "; ".join(notes) or "not measured"
+        words = NOTE_WORDS.get(name, (name.split("_")[0],))
+        notes = sorted({n for r in runs for n in r.notes if any(w in n.lower() for w in words)})
+        entry["note"] = "; ".join(notes) or UNMEASURED.get(name, "not measured")
     return entry
 
 
