@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pytest_moeperf import markers, options
+from pytest_moeperf.errors import UsageError
 from pytest_moeperf.options import Resolved
 
 if TYPE_CHECKING:
@@ -112,8 +113,21 @@ def of(item: pytest.Item) -> ItemSettings:
 
 
 def _path(config: pytest.Config, name: str) -> Resolved:
+    """A folder the run creates if missing (baselines, the model cache). A file in its place, or
+    in the place of a folder above it, is refused now, not after the measurement (a refresh
+    with ``--moeperf-baseline-dir`` naming a file measured, then failed on writing)."""
     got = options.resolve(config, name)
-    return Resolved(None if got.value is None else options.rooted(config, got.value), got.source)
+    if got.value is None:
+        return Resolved(None, got.source)
+    path = options.rooted(config, got.value)
+    there = next((p for p in (path, *path.parents) if p.exists()), None)
+    if there is not None and not there.is_dir():
+        setting = options.BY_NAME[name]
+        raise UsageError(got.source, name, got.value,
+                         f"{there} is a file, so no folder can be made there",
+                         f"point {setting.flag} / {setting.env} / {setting.ini} at a folder "
+                         "(one that does not exist yet is created)")  # fmt: skip
+    return Resolved(path, got.source)
 
 
 def _runs(config: pytest.Config, choice: markers.SpecChoice | None, spec: Spec | None) -> Resolved:

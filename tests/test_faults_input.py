@@ -169,6 +169,15 @@ def test_records_folder_that_cannot_be_written(pytester: pytest.Pytester) -> Non
               "cannot write per-request records in", "Not a directory")  # fmt: skip
 
 
+def test_baseline_folder_that_is_a_file(pytester: pytest.Pytester) -> None:
+    """Found before the server starts: a refresh so misdirected measured, then failed."""
+    (pytester.path / "afile").write_text("")
+    result = _run(pytester, args=("--moeperf-baseline-dir", "afile/baselines"))
+    _one_line(result, "command line --moeperf-baseline-dir: moeperf_baseline_dir = "
+              "'afile/baselines'", "afile is a file, so no folder can be made there",
+              "Fix: point --moeperf-baseline-dir")  # fmt: skip
+
+
 def test_bad_option_in_the_ini_file(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
