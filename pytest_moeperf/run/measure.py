@@ -391,6 +391,7 @@ class PerfTest:
                     if len(runs) == plan.runs and all(r.complete for r in runs)
                     else "not every run completed with an SLO boundary"
                 )
+                or self._few_runs(outcome.status, outcome.path, runs, data)
             )
             if why is not None:
                 data["baseline"]["status"] = "not-written"
@@ -414,6 +415,28 @@ class PerfTest:
             for note in notes:
                 data["baseline"]["warnings"].append(note)
                 self.session.warn(f"{test_id}: {note}")
+
+    def _few_runs(self, status: str, path: str | None, runs: list[Any],
+                  data: dict[str, Any]) -> str | None:  # fmt: skip
+        """Fewer runs than a verdict needs: every comparison with such a baseline reads
+        inconclusive. It never replaces a compared baseline that had enough (the gate would
+        lose its teeth); otherwise it is written with a warning (a look, never a gate)."""
+        from pytest_moeperf.verdict.stats import VerdictConfig
+
+        need = VerdictConfig().min_runs
+        if len(runs) >= need:
+            return None
+        few = f"{len(runs)} run{'s' * (len(runs) != 1)}, fewer than the {need} a verdict needs"
+        had = max((v.n_baseline for v in self.verdicts), default=0)
+        if status == "compared" and had >= need:
+            return (f"this run has {few}, so it does not replace the baseline it was compared "
+                    f"with ({path}, {had} runs); refresh with --moeperf-runs {need} or "
+                    "more")  # fmt: skip
+        note = (f"this baseline has {few}: every comparison with it reads inconclusive until "
+                f"it is recorded with --moeperf-runs {need} or more")  # fmt: skip
+        data["baseline"]["warnings"].append(note)
+        self.session.warn(f"{self.item.nodeid}: {note}")
+        return None
 
     @staticmethod
     def _stalled_replacement(status: str, path: str | None, runs: list[Any]) -> str | None:
