@@ -33,7 +33,8 @@ perf: setup
 
 # Two passes: every test that does not judge a measurement against a baseline on every core
 # (pytest-xdist), real-server fault, client and accuracy tests included; then the ones that do
-# (marker `measures`: the tutorial as written, the e2e slowdown), alone, since a second server
+# (marker `measures`: the tutorial as written, the e2e slowdown, and the energy-fault searches,
+# which need a steady boundary), alone, since a second server
 # on the 2 cores would move the figures and the machine calibration they are judged on.
 test: setup browser
 	$(PY) -m pytest tests -m "not measures" -n auto $(TEST_ARGS)

@@ -34,7 +34,9 @@ CPU_SERVER_ARGS = [
 REAL_SERVER_FIXTURES = frozenset({"cpu_server", "embedded_model", "tutorial_checkout"})
 #: Fixtures that mean a measurement judged against a baseline: tests using them are also marked
 #: ``measures`` and run alone (``make test``'s second pass): a second server on the 2 cores moves
-#: the figures a verdict is asked about, and the machine calibration a baseline records.
+#: the figures a verdict is asked about, and the machine calibration a baseline records. A
+#: module with ``QUIET_CORES = True`` joins them: its search must find a steady boundary, which
+#: a vLLM server starting on the other worker can starve away.
 MEASURING_FIXTURES = frozenset({"tutorial_checkout"})
 
 
@@ -55,7 +57,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = getattr(item, "module", None)
         if names & REAL_SERVER_FIXTURES or getattr(module, "REAL_SERVER", False):
             item.add_marker(pytest.mark.real_server)
-        if names & MEASURING_FIXTURES:
+        if names & MEASURING_FIXTURES or getattr(module, "QUIET_CORES", False):
             item.add_marker(pytest.mark.measures)
     users = {item.path for item in items if _uses_shared_server(item)}
     items.sort(key=lambda item: item.path not in users)  # stable: module order is kept

@@ -28,6 +28,11 @@ from pytest_moeperf.run.probe import Endpoint, RunMeasurement, measure_run
 from pytest_moeperf.run.record import metric_entry
 from pytest_moeperf.spec.loader import load_spec
 
+#: Runs in ``make test``'s quiet pass (tests/conftest.py): in CI the first of these searches,
+#: beside a vLLM server starting on the other xdist worker, found no steady rate even at 8 req/s
+#: (twice at 60, once at 20, once at 8), and these tests are about energy, not the machine.
+QUIET_CORES = True
+
 SPEC = """\
 name: energy-faults
 model: {path: embedded, dtype: bfloat16, max_model_len: 1024}
