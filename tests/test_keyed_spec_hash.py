@@ -30,6 +30,8 @@ def test_another_slo_is_another_key() -> None:
     with_e2el = replace(SMOKE.slo, e2el_p99_ms=5000.0)
     hashes = {keyed_spec_hash(SMOKE, s) for s in (SMOKE.slo, tight, looser, with_e2el)}
     assert len(hashes) == 4
+    as_int = replace(SMOKE.slo, ttft_p99_ms=1000)  # a marker's int: the same SLO as 1000.0
+    assert keyed_spec_hash(SMOKE, as_int) == keyed_spec_hash(SMOKE, tight)
 
 
 def test_the_committed_cpu_baseline_keeps_its_key() -> None:

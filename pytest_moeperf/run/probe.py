@@ -64,8 +64,11 @@ def keyed_spec_hash(spec: Spec, slo: Slo | None = None) -> str:
     hash is the spec's alone, so baselines recorded before this rule keep their key."""
     import hashlib
 
+    def ms(v: float | None) -> str:  # a marker's 1000 and a spec's 1000.0 are one SLO
+        return "none" if v is None else repr(float(v))
+
     own = "" if slo is None or slo == spec.slo else (
-        f"/slo{slo.ttft_p99_ms!r},{slo.tpot_p99_ms!r},{slo.e2el_p99_ms!r}")  # fmt: skip
+        f"/slo{ms(slo.ttft_p99_ms)},{ms(slo.tpot_p99_ms)},{ms(slo.e2el_p99_ms)}")  # fmt: skip
     return hashlib.sha256(f"{spec.hash()}/m{MEASUREMENT_VERSION}{own}".encode()).hexdigest()[:16]
 
 
