@@ -15,7 +15,7 @@ from pytest_moeperf.baseline.storage import Baseline, read_baseline_file
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.report.table import format_verdict_table
 from pytest_moeperf.verdict.metrics import DEFAULT_METRICS
-from pytest_moeperf.verdict.server_cost import capped_verdicts, load_confounded, stalled_verdicts
+from pytest_moeperf.verdict.server_cost import confounded
 from pytest_moeperf.verdict.stats import judge_all, search_resolution
 
 EXIT_OK, EXIT_REGRESSED, EXIT_BAD_INPUT = 0, 1, 2
@@ -74,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
         resolution = max(search_resolution(a.runs), search_resolution(b.runs))
         verdicts = judge_all(a.metrics, b.metrics, names=args.metric, source="--metric",
                              resolution=resolution)  # fmt: skip
-        verdicts = load_confounded(capped_verdicts(stalled_verdicts(verdicts, a.runs, b.runs),
-                                                   a.runs, b.runs))  # fmt: skip
+        verdicts = confounded(verdicts, a.runs, b.runs)
         if not verdicts:
             raise UsageError(
                 args.candidate,

@@ -16,12 +16,8 @@ from pytest_moeperf.baseline import Baseline, BaselineKey, BaselineStore, Proven
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.markers import AccuracyGate
 from pytest_moeperf.verdict import Verdict
-from pytest_moeperf.verdict.server_cost import (
-    capped_verdicts,
-    load_confounded,
-    server_cost_notes,
-    stalled_verdicts,
-)
+from pytest_moeperf.verdict.machine_drift import drift_note
+from pytest_moeperf.verdict.server_cost import confounded, server_cost_notes
 
 REFRESH_HINT = "pytest {target} --moeperf-refresh-baselines --moeperf-reason '...'"
 
@@ -100,9 +96,7 @@ def compare(
     resolution = max(search_resolution(baseline.runs), search_resolution(candidate_runs))
     out.verdicts = judge_all(baseline.metrics, {n: candidate[n] for n in names},
                              source=f"baseline {path}", resolution=resolution)  # fmt: skip
-    out.verdicts = load_confounded(capped_verdicts(
-        stalled_verdicts(out.verdicts, baseline.runs, candidate_runs), baseline.runs,
-        candidate_runs))  # fmt: skip
+    out.verdicts = confounded(out.verdicts, baseline.runs, candidate_runs)
     measured = [n for n in candidate if candidate[n]]
     if measured and not any(v.gating for v in out.verdicts):  # compared nothing: no gate
         out.failures.append(f"baseline {path} shares no gated metric with this run (baseline: "
@@ -115,6 +109,8 @@ def compare(
         elif v.outcome == "inconclusive" and v.gating:
             out.warnings.append(f"{v.metric} inconclusive: {v.reason}; {v.advice}")
     out.warnings += server_cost_notes(baseline.runs, candidate_runs)
+    if (drift := drift_note(baseline.runs, candidate_runs)) is not None:
+        out.warnings.append(drift)
     if accuracy is not None and accuracy_gate is not None:
         out.accuracy = _accuracy_verdict(baseline, accuracy, accuracy_gate, path, out)
     return out

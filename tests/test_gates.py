@@ -130,6 +130,26 @@ def test_a_30_percent_drop_fails_naming_the_metric(tmp_path: Path) -> None:
     assert out.warnings == []
 
 
+def test_a_drop_while_other_processes_took_the_cpus_is_inconclusive_with_both_figures(
+    tmp_path: Path,
+) -> None:
+    """The same -30 % while other processes took 40 % of the CPUs over this run's (2 % over the
+    baseline's): the machine explains it, so it warns and does not fail; on an equally quiet
+    machine the same drop fails."""
+    store = BaselineStore(tmp_path)
+    quiet = [{"machine": {"steal": 0.0, "others": 0.02, "seconds": 40.0}}] * 10
+    busy = [{"machine": {"steal": 0.0, "others": 0.40, "seconds": 40.0}}] * 10
+    store.write(Baseline(TEST_ID, make_key(), runs(), quiet, PROV), complete=True)
+    slow = runs(goodput=700.0, ttft=156.0, power=650.0)
+    out = compare(store, slow, candidate_runs=busy)
+    assert out.failures == []
+    assert {v.metric: v.outcome for v in out.verdicts}["slo_goodput_tok_s"] == "inconclusive"
+    assert any(w.startswith("the machine left this run 39 % less of its CPUs") and
+               "other processes 40 %" in w and "other processes 2 %" in w
+               for w in out.warnings), out.warnings  # fmt: skip
+    assert len(compare(store, slow, candidate_runs=quiet).failures) == 2
+
+
 def test_a_30_percent_gain_is_improved_and_passes(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path)
     store_baseline(store)

@@ -9,6 +9,7 @@ kernel-config A/B on the real vLLM CPU server.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,16 @@ def test_tutorial_runs_as_written(tutorial_checkout: tuple[Path, Any]) -> None:
     assert len(stored["metrics"]["slo_goodput_tok_s"]) == 3
 
     second = run_block(compare, checkout)
-    assert second.returncode == 0, tail(second)
     data = json.loads(results.read_text())["results"][0]
+    if second.returncode != 0:
+        # An A/A comparison on a shared machine can read "regressed" (docs/tutorial.md says so,
+        # docs/verdicts.md measures how often): a regression verdict is then the only allowed
+        # failure, and the rest of the block must still hold. Any other failure fails here.
+        regressions = [r for r in data["reasons"] if " regressed vs baseline: " in r]
+        assert regressions and regressions == data["reasons"], tail(second)
+        warnings.warn(pytest.PytestWarning(
+            "docs/tutorial.md's second block (the same code again) read a regression on this "
+            f"machine: {regressions[0]}"), stacklevel=1)  # fmt: skip
     assert data["baseline"]["status"] == "compared"
     assert {v["metric"] for v in data["verdicts"]} >= {"slo_goodput_tok_s", "tpot_p99_ms"}
     assert "vs baseline" in second.stdout

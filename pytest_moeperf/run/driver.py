@@ -16,6 +16,7 @@ from typing import Any
 from pytest_moeperf.errors import MoePerfError
 from pytest_moeperf.load.warmstart import Pace
 from pytest_moeperf.metrics.energy import EnergyMeter, NotMeasuredMeter
+from pytest_moeperf.hygiene.machine import MachineWatch
 from pytest_moeperf.run.probe import Endpoint, MbuInputs, RunMeasurement
 from pytest_moeperf.spec.model import Slo, Spec
 
@@ -27,6 +28,8 @@ from pytest_moeperf.spec.model import Slo, Spec
 #: run that started inside that second lost half its throughput (a CPU A/B of identical kernels
 #: read -50 % for the side measured right after the other).
 SWITCH_SETTLE_S = 1.5
+#: Share of the CPUs taken by steal and other processes over a run that the run line names.
+BUSY_MACHINE = 0.05
 #: On a GPU the warm-up climbs batch sizes 1, 2, 4, ... up to this (or max-num-seqs): fused-MoE
 #: picks a Triton tiling per batch size and compiles each on first use, which stalls the engine
 #: for seconds; a single-level warm-up left the first Poisson probe (batches of 1-10) to pay.
@@ -86,6 +89,8 @@ class RunDriver:
     warm: tuple[int, ...] = ()
     #: where every load's records are written (``--moeperf-records``), or None
     records_dir: Path | None = None
+    #: reads the machine beside each run (``hygiene/machine.py``); None: not read
+    machine_watch: Callable[[], MachineWatch] | None = MachineWatch
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     _warm: dict[str, tuple[float, float | None, float | None]] = field(default_factory=dict)
@@ -193,10 +198,18 @@ class RunDriver:
         ``concurrency`` forces a fixed-load run (a sweep level) whatever the spec says.
         """
         self._settle(endpoint)
+        watch = self.machine_watch() if self.machine_watch is not None else None
+        if watch is not None:
+            watch.start()
         try:
-            return self._run(endpoint, index, label, concurrency)
+            run = self._run(endpoint, index, label, concurrency)
         finally:
             self._last_load = (endpoint.base_url, self.clock())
+            during = watch.stop() if watch is not None else None
+        run.machine = during
+        if during is not None and during.left < 1 - BUSY_MACHINE:
+            self.say(f"{label}: the machine was busy during the run: {during.text()}")
+        return run
 
     def _settle(self, endpoint: Endpoint) -> None:
         """Wait out the previous server's idle spin when the load moves to another server."""

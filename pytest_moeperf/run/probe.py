@@ -17,6 +17,7 @@ from pytest_moeperf.errors import MoePerfError
 from pytest_moeperf.load.records import RequestRecord, RunRecord
 from pytest_moeperf.load.warmstart import past_burst
 from pytest_moeperf.metrics.energy import EnergyMeter, EnergyReading
+from pytest_moeperf.hygiene.machine import MachineDuring
 from pytest_moeperf.run.abort import AbortCheck, AbortPolicy
 from pytest_moeperf.run.search import ProbeResult, SearchResult
 from pytest_moeperf.run.window import (
@@ -110,6 +111,7 @@ class RunMeasurement:
     notes: list[str] = field(default_factory=list)
     fixed: dict[str, Any] | None = None  # the load summary of a fixed-concurrency run
     probe_span_s: float | None = None  # the send span the run's probes ended up needing
+    machine: MachineDuring | None = None  # the machine as the run had it (hygiene/machine.py)
 
     @property
     def complete(self) -> bool:
@@ -138,6 +140,8 @@ class RunMeasurement:
         d.update(index=self.index, energy=self.energy, metrics=self.metrics, notes=self.notes)
         if self.fixed is not None:
             d["fixed"] = self.fixed
+        if self.machine is not None:
+            d["machine"] = self.machine.to_dict()
         return d
 
 

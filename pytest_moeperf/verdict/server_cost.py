@@ -240,3 +240,16 @@ def capped_verdicts(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[str
     return [replace(v, outcome="inconclusive", reason=f"{v.reason}; but {why}", advice=advice)
             if (spec := DEFAULT_METRICS.get(v.metric)) is not None and spec.searched
             else v for v in verdicts]  # fmt: skip
+
+
+def confounded(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[str, Any]],
+               candidate_runs: Sequence[Mapping[str, Any]]) -> list[Any]:  # fmt: skip
+    """Every rule that reads a verdict inconclusive from what the two sides' runs recorded:
+    a machine that stalled the client, a machine that gave one side less CPU
+    (``verdict/machine_drift.py``), boundaries that are floors, and latencies read at
+    boundaries that moved. One chain, so the gate and ``moeperf compare`` judge alike."""
+    from pytest_moeperf.verdict.machine_drift import drifted_verdicts
+
+    out = stalled_verdicts(verdicts, baseline_runs, candidate_runs)
+    out = drifted_verdicts(out, baseline_runs, candidate_runs)
+    return load_confounded(capped_verdicts(out, baseline_runs, candidate_runs))
