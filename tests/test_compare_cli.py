@@ -40,10 +40,15 @@ def key(**over: Any) -> BaselineKey:
 
 
 def write(
-    path: Path, metrics: dict[str, list[float]], k: BaselineKey | None = None, test_id: str = "t::a"
+    path: Path,
+    metrics: dict[str, list[float]],
+    k: BaselineKey | None = None,
+    test_id: str = "t::a",
+    runs: list[dict[str, Any]] | None = None,
 ) -> str:
     prov = Provenance("c0ffee", "2026-05-01T00:00:00+00:00", "h", "pytest", "test", "0.1.0")
-    b = Baseline(test_id=test_id, key=k or key(), metrics=metrics, runs=[], provenance=prov)
+    b = Baseline(test_id=test_id, key=k or key(), metrics=metrics, runs=runs or [],
+                 provenance=prov)  # fmt: skip
     path.write_text(b.to_json())
     return str(path)
 
@@ -240,3 +245,20 @@ def test_runs_as_a_module(a: str, tmp_path: Path) -> None:
     )
     assert proc.returncode == 1, proc.stderr
     assert "✗ regressed" in proc.stdout
+
+
+def test_a_candidate_measured_on_a_busier_machine_is_noted_and_not_failed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same -5 % drop, but other processes took 40 % of the CPUs over the candidate's runs:
+    the CLI judges as the gate does (inconclusive, exit 0) and prints the note with both sides."""
+    quiet = [{"machine": {"steal": 0.0, "others": 0.0, "seconds": 30.0}}] * 5
+    busy = [{"machine": {"steal": 0.0, "others": 0.4, "seconds": 30.0}}] * 5
+    a = write(tmp_path / "a.json", {"slo_goodput_tok_s": BASE}, runs=quiet)
+    b = write(tmp_path / "b.json", {"slo_goodput_tok_s": DROP}, runs=busy)
+    code, out, _ = run(capsys, a, b)
+    assert code == 0, out
+    assert "note: the machine left this run 40 % less of its CPUs" in out
+    assert "inconclusive" in out
+    b_quiet = write(tmp_path / "c.json", {"slo_goodput_tok_s": DROP}, runs=quiet)
+    assert run(capsys, a, b_quiet)[0] == 1  # the same drop on an equally quiet machine

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.errors import MoePerfError
+from pytest_moeperf.hygiene.machine import MachineWatch
 from pytest_moeperf.load.warmstart import Pace
 from pytest_moeperf.metrics.energy import EnergyMeter, NotMeasuredMeter
-from pytest_moeperf.hygiene.machine import MachineWatch
 from pytest_moeperf.run.probe import Endpoint, MbuInputs, RunMeasurement
 from pytest_moeperf.spec.model import Slo, Spec
 

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pytest_moeperf.errors import MoePerfError
+from pytest_moeperf.hygiene.machine import MachineDuring
 from pytest_moeperf.load.records import RequestRecord, RunRecord
 from pytest_moeperf.load.warmstart import past_burst
 from pytest_moeperf.metrics.energy import EnergyMeter, EnergyReading
-from pytest_moeperf.hygiene.machine import MachineDuring
 from pytest_moeperf.run.abort import AbortCheck, AbortPolicy
 from pytest_moeperf.run.search import ProbeResult, SearchResult
 from pytest_moeperf.run.window import (
