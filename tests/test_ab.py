@@ -299,3 +299,41 @@ def test_sweep_row_keeps_the_figures_the_summary_reads() -> None:
     row = sweep_row(16, "head", {"output_tok_s": 300.0, "tpot_p99_ms": 9.0, "goodput": 1.0})
     assert row == {"concurrency": 16, "config": "head", "rate": None, "output_tok_s": 300.0,
                    "ttft_p99_ms": None, "tpot_p99_ms": 9.0, "tok_per_j": None}  # fmt: skip
+
+
+def _side_runs(values: list[float], others: float) -> list[Any]:
+    from pytest_moeperf.hygiene.machine import MachineDuring
+    from pytest_moeperf.run.probe import RunMeasurement
+
+    return [RunMeasurement(i, None, [], {"output_tok_s": v},
+                           machine=MachineDuring(0.0, others, 30.0))
+            for i, v in enumerate(values)]  # fmt: skip
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_side_whose_runs_lost_the_cpus_to_a_neighbour_is_not_called_regressed(busy: bool) -> None:
+    """Interleaving shares the machine's drift between the sides, but not a neighbour busy during
+    one side's runs only: then the -22 % of head is what the machine explains (inconclusive),
+    and the A/A control's -15 % likewise; on a quiet machine both are what they read."""
+    from pytest_moeperf.ab.gate import CONTROL, SideState, judge_outcome
+
+    out = _outcome(control=False)
+    head_others = 0.4 if busy else 0.0
+    out.sides["base"] = SideState(out.case.base, SimpleNamespace(), "", runs=_side_runs(
+        [100, 101, 99], 0.0))  # fmt: skip
+    out.sides["head"] = SideState(out.case.head, SimpleNamespace(), "", runs=_side_runs(
+        [78, 79, 77], head_others))  # fmt: skip
+    out.sides[CONTROL] = SideState(out.case.base, SimpleNamespace(), "", runs=_side_runs(
+        [85, 86, 84], head_others))  # fmt: skip
+    out.control_base = _side_runs([100, 100.5, 99.5], 0.0)
+    out.failures, out.warnings = [], []
+    judge_outcome(out)
+    (v,) = out.verdicts
+    (c,) = out.control_verdicts
+    if busy:
+        assert v.outcome == c.outcome == "inconclusive"
+        assert "the machine left this run 40 % less of its CPUs" in v.reason
+        assert out.failures == []
+    else:
+        assert v.outcome == c.outcome == "regressed"
+        assert any("too noisy for the gate" in f for f in out.failures)

@@ -184,7 +184,7 @@ class AbTest:
             out.partial = str(died)
             out.failures.append(f"{case.file_name}: {died}")
             return out
-        self._judge(out)
+        judge_outcome(out)
         return out
 
     def _perm(self, case: AbCase, plan: Plan, model_dir: Path, dtype: str | None) -> Any:
@@ -267,54 +267,6 @@ class AbTest:
                              concurrency=c)  # fmt: skip
             sides[side].sweep.append(sweep_row(c, side, run.metrics))
 
-    def _judge(self, out: AbOutcome) -> None:
-        from pytest_moeperf.ab import equivalence
-        from pytest_moeperf.verdict import judge_all
-        from pytest_moeperf.verdict.server_cost import load_confounded
-
-        g = out.greedy
-        if "base" in g and "head" in g:
-            aa = equivalence.compare(g["base"], g[CONTROL], CONTROL) if CONTROL in g else None
-            out.equivalence = equivalence.judge(
-                equivalence.compare(g["base"], g["head"], "head"), aa
-            )
-            out.failures += [f"{out.case.file_name}: output equivalence: {f}"
-                             for f in out.equivalence.failures]  # fmt: skip
-
-        base = _measured(out.sides["base"].runs)
-        src = f"A/B {out.case.file_name}"
-        out.verdicts = load_confounded(
-            judge_all(base, _measured(out.sides["head"].runs), source=src)
-        )
-        for v in out.verdicts:
-            if v.fails:
-                out.failures.append(
-                    f"{out.case.file_name}: {v.metric} regressed vs base "
-                    f"({describe(out.case.base)}): {v.reason}"
-                )
-            elif v.outcome == "inconclusive" and v.gating:
-                out.warnings.append(
-                    f"{out.case.file_name}: {v.metric} inconclusive: {v.reason}; {v.advice}"
-                )
-        if CONTROL in out.sides:
-            ctrl = _measured(out.sides[CONTROL].runs)
-            base_aa = _measured(out.control_base)
-            out.control_verdicts = judge_all(base_aa, ctrl, source=f"A/A control {src}")
-            noisy = [
-                v
-                for v in out.control_verdicts
-                if v.gating and v.outcome in ("regressed", "improved")
-            ]
-            if noisy:
-                names = ", ".join(
-                    f"{v.metric} {v.outcome} ({v.delta_rel * 100:+.1f} %)" for v in noisy
-                )
-                out.failures.append(
-                    f"{out.case.file_name}: the A/A control (base vs a copy of "
-                    f"base) came out {names}: this machine is too noisy for "
-                    "the gate, so the A/B verdict is not trusted"
-                )
-
     # -- recording ------------------------------------------------------------------------------
     def _record(self, out: AbOutcome) -> PerfResult:
         from pytest_moeperf.ab.summary import fleet_of, markdown_summary
@@ -396,6 +348,59 @@ def _blames(failure: str, side: str) -> bool:
     if "A/A control" in failure:
         return side == CONTROL
     return side == "head"
+
+
+def judge_outcome(out: AbOutcome) -> None:
+    """The A/B verdicts, the A/A control's and output equivalence, into ``out``."""
+    from pytest_moeperf.ab import equivalence
+    from pytest_moeperf.verdict import judge_all
+    from pytest_moeperf.verdict.machine_drift import drifted_verdicts
+    from pytest_moeperf.verdict.server_cost import load_confounded
+
+    def dicts(runs: list[RunMeasurement]) -> list[dict[str, Any]]:
+        return [r.to_dict() for r in runs]
+
+    g = out.greedy
+    if "base" in g and "head" in g:
+        aa = equivalence.compare(g["base"], g[CONTROL], CONTROL) if CONTROL in g else None
+        out.equivalence = equivalence.judge(equivalence.compare(g["base"], g["head"], "head"), aa)
+        out.failures += [f"{out.case.file_name}: output equivalence: {f}"
+                         for f in out.equivalence.failures]  # fmt: skip
+
+    base = _measured(out.sides["base"].runs)
+    src = f"A/B {out.case.file_name}"
+    # interleaved, both sides share the machine's drift; a neighbour busy during one
+    # side's runs only does not, and its shares say so (verdict/machine_drift.py)
+    head_runs = out.sides["head"].runs
+    out.verdicts = load_confounded(drifted_verdicts(
+        judge_all(base, _measured(head_runs), source=src),
+        dicts(out.sides["base"].runs), dicts(head_runs)))  # fmt: skip
+    for v in out.verdicts:
+        if v.fails:
+            out.failures.append(
+                f"{out.case.file_name}: {v.metric} regressed vs base "
+                f"({describe(out.case.base)}): {v.reason}"
+            )
+        elif v.outcome == "inconclusive" and v.gating:
+            out.warnings.append(
+                f"{out.case.file_name}: {v.metric} inconclusive: {v.reason}; {v.advice}"
+            )
+    if CONTROL in out.sides:
+        ctrl = _measured(out.sides[CONTROL].runs)
+        base_aa = _measured(out.control_base)
+        out.control_verdicts = drifted_verdicts(
+            judge_all(base_aa, ctrl, source=f"A/A control {src}"),
+            dicts(out.control_base), dicts(out.sides[CONTROL].runs))  # fmt: skip
+        noisy = [
+            v for v in out.control_verdicts if v.gating and v.outcome in ("regressed", "improved")
+        ]
+        if noisy:
+            names = ", ".join(f"{v.metric} {v.outcome} ({v.delta_rel * 100:+.1f} %)" for v in noisy)
+            out.failures.append(
+                f"{out.case.file_name}: the A/A control (base vs a copy of "
+                f"base) came out {names}: this machine is too noisy for "
+                "the gate, so the A/B verdict is not trusted"
+            )
 
 
 def _measured(runs: list[RunMeasurement]) -> dict[str, list[float]]:
