@@ -13,7 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -37,6 +37,7 @@ class Proc:
     state: str
     cpu_ticks: int  # utime + stime of the whole process
     argv: tuple[str, ...]
+    child_ticks: int = 0  # cutime + cstime: of the children it has waited for
 
 
 def read_text(path: Path) -> str | None:
@@ -57,7 +58,8 @@ def process_table(root: Path = Path("/")) -> dict[int, Proc]:
             fields = stat.rsplit(")", 1)[1].split()
             pid = int(d.name)
             ticks = int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14, 15)
-            proc = Proc(pid, int(fields[1]), int(fields[2]), fields[0], ticks, ())
+            reaped = sum(int(x) for x in fields[13:15])  # cutime, cstime (fields 16, 17)
+            proc = Proc(pid, int(fields[1]), int(fields[2]), fields[0], ticks, (), reaped)
         except (IndexError, ValueError):
             continue
         try:
@@ -65,7 +67,7 @@ def process_table(root: Path = Path("/")) -> dict[int, Proc]:
         except OSError:  # exited since its stat was read, or not ours to read
             raw = b""
         argv = tuple(a.decode(errors="replace") for a in raw.split(b"\0") if a)
-        out[pid] = Proc(proc.pid, proc.ppid, proc.pgid, proc.state, proc.cpu_ticks, argv)
+        out[pid] = replace(proc, argv=argv)
     return out
 
 

@@ -57,19 +57,9 @@ def read_ticks(root: Path = Path("/"), pid: int | None = None) -> Ticks | None:
     me = os.getpid() if pid is None else pid
     table = process_table(root)
     ours = sum(table[p].cpu_ticks for p in descendants(table, [me]) if p in table)
-    ours += _reaped_children_ticks(root, me)  # children that ended during the run count too
+    if me in table:  # children that ended during the run count too
+        ours += table[me].child_ticks
     return Ticks(busy, steal, total, ours)
-
-
-def _reaped_children_ticks(root: Path, pid: int) -> int:
-    from pytest_moeperf.hygiene.host import read_text
-
-    stat = read_text(root / "proc" / str(pid) / "stat") or ""
-    try:
-        fields = stat.rsplit(")", 1)[1].split()
-        return int(fields[13]) + int(fields[14])  # cutime, cstime (stat fields 16, 17)
-    except (IndexError, ValueError):
-        return 0
 
 
 @dataclass(frozen=True)
