@@ -86,33 +86,39 @@ def machine_ratio(baseline_runs: Sequence[Mapping[str, Any]],
     return c.capacity / b.capacity, b, c
 
 
-def drift_note(baseline_runs: Sequence[Mapping[str, Any]],
-               candidate_runs: Sequence[Mapping[str, Any]]) -> str | None:  # fmt: skip
-    """One line when the two sides had different machines (beyond ``TOLERANCE``), else None."""
+def _beyond(baseline_runs: Sequence[Mapping[str, Any]],
+            candidate_runs: Sequence[Mapping[str, Any]]) -> tuple[float, str] | None:  # fmt: skip
+    """(capacity ratio, "the machine left this run ... (this run: ...; baseline: ...)") when
+    the sides differ beyond ``TOLERANCE``; None when they do not, or a side lacks figures."""
     got = machine_ratio(baseline_runs, candidate_runs)
     if got is None or abs(math.log(got[0])) <= math.log1p(TOLERANCE):
         return None
     ratio, b, c = got
-    more = "more" if ratio > 1 else "less"
-    return (
-        f"the machine left this run {100 * abs(ratio - 1):.0f} % {more} of its CPUs than "
-        f"the baseline's runs had (this run: {c.text()}; baseline: {b.text()}; tolerance "
-        f"x{1 + TOLERANCE:g}): changes of the size this explains read inconclusive"
-    )
+    return ratio, (f"the machine left this run {100 * abs(ratio - 1):.0f} % "
+                   f"{'more' if ratio > 1 else 'less'} of its CPUs than the baseline's runs had "
+                   f"(this run: {c.text()}; baseline: {b.text()}")  # fmt: skip
+
+
+def drift_note(baseline_runs: Sequence[Mapping[str, Any]],
+               candidate_runs: Sequence[Mapping[str, Any]]) -> str | None:  # fmt: skip
+    """One line when the two sides had different machines (beyond ``TOLERANCE``), else None."""
+    got = _beyond(baseline_runs, candidate_runs)
+    if got is None:
+        return None
+    return (f"{got[1]}; tolerance x{1 + TOLERANCE:g}): changes of the size this explains read "
+            "inconclusive")  # fmt: skip
 
 
 def drifted_verdicts(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[str, Any]],
                      candidate_runs: Sequence[Mapping[str, Any]]) -> list[Any]:  # fmt: skip
     """Verdicts the machine's own change explains, made inconclusive with both figures."""
-    got = machine_ratio(baseline_runs, candidate_runs)
-    if got is None or abs(math.log(got[0])) <= math.log1p(TOLERANCE):
+    got = _beyond(baseline_runs, candidate_runs)
+    if got is None:
         return list(verdicts)
-    ratio, b, c = got
+    ratio, said = got
     slower = ratio < 1
     reach = EXPLAINS * abs(math.log(ratio))
-    why = (f"the machine left this run {100 * abs(ratio - 1):.0f} % "
-           f"{'less' if slower else 'more'} of its CPUs than the baseline's runs had (this run: "
-           f"{c.text()}; baseline: {b.text()}), which explains a change this size")  # fmt: skip
+    why = f"{said}), which explains a change this size"
     advice = ("measure both on a quiet machine, or compare interleaved (the A/B gate: "
               "docs/ab-gate.md), where both sides share the machine's drift")  # fmt: skip
     out = []
