@@ -222,16 +222,24 @@ def test_sampling_integrates_a_power_ramp_with_the_trapezoid_rule(
 ) -> None:
     fake = nvml(1)
     fake.no_counter = {0}
-    t_start = time.perf_counter()
-    # P(t) = 100 W + 2000 W/s * t: its integral over [0, T] is 100 T + 1000 T^2. At 10 Hz a
-    # rectangle rule would be ~15 % off; the trapezoid rule is exact for a linear ramp.
-    fake.power_mw = lambda h: 1000.0 * (100.0 + 2000.0 * (time.perf_counter() - t_start))
-    meter = NvmlEnergyMeter([0], sample_interval_s=0.1)
+    # P(t) = 100 W + 2000 W/s * t from the meter's first clock read. At 10 Hz a rectangle rule
+    # would be ~15 % off; the trapezoid rule is exact for a linear ramp. The expected joules are
+    # the ramp's integral over the meter's own window (its last clock read minus the seconds it
+    # reports), not over [0, T]: under a loaded xdist run start() took ~8 ms after the ramp
+    # began, and [0, T] read 2.7 % off (fresh-clone make test, 2026-12-06).
+    reads: list[float] = []
+
+    def clock() -> float:
+        reads.append(time.perf_counter())
+        return reads[-1]
+
+    fake.power_mw = lambda h: 1000.0 * (100.0 + 2000.0 * (time.perf_counter() - reads[0]))
+    meter = NvmlEnergyMeter([0], sample_interval_s=0.1, clock=clock)
     meter.start()
     time.sleep(0.5)
     r = meter.stop()
-    t = r.seconds
-    assert r.joules == pytest.approx(100.0 * t + 1000.0 * t * t, rel=0.02)
+    t, end = r.seconds, reads[-1] - reads[0]  # the window is [end - t, end] on the ramp's axis
+    assert r.joules == pytest.approx(100.0 * t + 1000.0 * (end**2 - (end - t) ** 2), rel=0.02)
 
 
 def test_mixed_devices_record_method_per_device(nvml: Callable[..., FakeNvml]) -> None:
