@@ -26,6 +26,11 @@ search: {rate_min: 20.0, rate_max: 40.0, tolerance: 0.4, max_probes: 2, probe_re
          probe_duration_s: 1.0}
 runs: 1
 """
+#: These tests need every run to count (a converged search), not a boundary: at 40 req/s the
+#: fake server, beside a vLLM server on the other xdist worker, fell behind and the 2-probe
+#: search ended unconverged, so no baseline was written (fresh-clone CI, 2026-12-06, twice).
+#: A cap of 10 req/s it meets even then (it finished 83-177 req/s at concurrency 8 there).
+OWN_SPEC = SPEC.replace("rate_min: 20.0, rate_max: 40.0", "rate_min: 5.0, rate_max: 10.0")
 
 BODY = {
     # the typed result a perf test reads (tests/test_perf_result.py has the model itself)
@@ -52,7 +57,7 @@ def pytest_moeperf_probe_start(config, nodeid, run_number, probe_number, rate, s
 
 def _project(pytester: pytest.Pytester, body: str) -> None:
     (pytester.path / "perf_tests" / "specs").mkdir(parents=True, exist_ok=True)
-    (pytester.path / "perf_tests" / "specs" / "pending.yaml").write_text(SPEC)
+    (pytester.path / "perf_tests" / "specs" / "pending.yaml").write_text(OWN_SPEC)
     pytester.makepyfile(
         test_it=f"import pytest\n\n\n@pytest.mark.moeperf_spec('pending.yaml')\n"
         f"def test_goodput(moeperf):\n    {body}\n"
@@ -166,7 +171,7 @@ def test_a_gate_that_says_no_fails_the_test_in_one_line(
     url, _ = serve(delay_s=0.001)
     (pytester.path / "perf_tests" / "specs").mkdir(parents=True)
     (pytester.path / "perf_tests" / "specs" / "pending.yaml").write_text(
-        SPEC.replace("ttft_p99_ms: 2000", "ttft_p99_ms: 0.001"))  # fmt: skip
+        OWN_SPEC.replace("ttft_p99_ms: 2000", "ttft_p99_ms: 0.001"))  # fmt: skip
     pytester.makepyfile(test_it="import pytest\n\n\n@pytest.mark.moeperf_spec('pending.yaml')\n"
                         "def test_goodput(moeperf):\n    moeperf.run()\n")  # fmt: skip
     out, res = _run(pytester, url, refresh=False)
