@@ -10,6 +10,8 @@
 #                      written in /root/moeperf-out/baselines (a copy of the committed folder)
 #   chat1 .. chat9     the chat-mix test with that many runs and no refresh (a short session)
 #   nightly            the whole nightly selection (every --gpu test but the A/B gate), refresh
+#   cbf16 | cfp8 | cchat  that one nightly test as CI runs it: no refresh, judged against the
+#                      committed baselines (a second night on the card that recorded them)
 #   compared           the same selection as CI runs it: no refresh, judged against the committed
 #                      baselines (a compared run seeds its first search from their brackets)
 #   auto               compared where the committed baselines have this GPU's (the H100's since
@@ -50,6 +52,14 @@ stage() {
       --moeperf-results "$O/results-$1.json" --moeperf-report "$O/report-$1" \
       --junitxml "$O/junit-$1.xml" --moeperf-records "$O/records-$1" > "$O/pytest-$1.log" 2>&1 ;;
   nightly) nightly_test nightly perf_tests -k "not moe_config_ab" ;;
+  cbf16|cfp8|cchat)  # one nightly test as CI runs it: no refresh, judged against the committed baselines
+    local t=test_h200_fixed_in_tree
+    [ "$1" = cfp8 ] && t=test_h200_fixed_fp8_in_tree
+    [ "$1" = cchat ] && t=test_h200_chat_mix_in_tree
+    env_run python3 -X faulthandler -m pytest "perf_tests/test_h200.py::$t" --gpu \
+      -p no:cacheprovider -rA --moeperf-baseline-dir "$O/baselines" \
+      --moeperf-results "$O/results-$1.json" --moeperf-report "$O/report-$1" \
+      --junitxml "$O/junit-$1.xml" --moeperf-records "$O/records-$1" > "$O/pytest-$1.log" 2>&1 ;;
   compared)  # the nightly as CI runs it: no refresh, judged against the committed baselines
     env_run python3 -X faulthandler -m pytest perf_tests -k "not moe_config_ab" --gpu \
       -p no:cacheprovider -rA --moeperf-baseline-dir "$O/baselines" \
