@@ -51,8 +51,9 @@ def compare(
     from pytest_moeperf.verdict import judge_all, search_resolution
 
     hint = REFRESH_HINT.format(target=target)
-    path = str(store.path_for(test_id, key))
+    path = str(store.dir_for(test_id) / f"{key.slug()}.json")  # named if none can be read
     try:  # every file read is here: a corrupt baseline of another setup is unreadable too
+        path = str(store.path_for(test_id, key))  # this machine's file (or the closest)
         baseline = store.load(test_id, key)
         others = [] if baseline is not None else store.find_other_keys(test_id, exclude=key)
         if baseline is None and others and allow_other_hardware:
@@ -86,9 +87,11 @@ def compare(
             return out
     assert baseline is not None
     other = None if allow_other_hardware else other_machine(test_id, key, baseline, path, hint)
-    if other is not None:  # a refresh replaces it: say so, never fail the run that fixes it
+    if other is not None:  # a refresh records this machine's: say so, never fail the run that does
         out = BaselineOutcome(other[0], path, baseline=baseline)
-        msg = other[1] + (" (this refresh replaces it)" if refreshing else "")
+        beside = " (this refresh records this machine's baseline beside it)"
+        msg = other[1] + ("" if not refreshing else " (this refresh replaces it)"
+                          if other[0] == "uncalibrated" else beside)  # fmt: skip
         (out.failures if ci_mode and not refreshing else out.warnings).append(msg)
         return out
     out = BaselineOutcome("compared", path, baseline=baseline)

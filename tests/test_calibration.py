@@ -106,9 +106,18 @@ def test_another_machine_fails_in_ci_mode_like_another_gpu(tmp_path: Path) -> No
     assert out.status == "other-setup" and len(out.failures) == 1 and out.verdicts == []
 
 
-def test_refreshing_on_another_machine_warns_that_it_replaces_the_file(tmp_path: Path) -> None:
+def test_refreshing_on_another_machine_says_it_records_this_machines_beside_it(
+    tmp_path: Path,
+) -> None:
     out = compare(tmp_path, FAST, SLOW, candidate=245.4, ci_mode=True, refreshing=True)
-    assert out.failures == [] and out.warnings[0].endswith("(this refresh replaces it)")
+    assert out.failures == []
+    assert out.warnings[0].endswith("(this refresh records this machine's baseline beside it)")
+
+
+def test_refreshing_over_an_uncalibrated_baseline_says_it_replaces_it(tmp_path: Path) -> None:
+    out = compare(tmp_path, None, SLOW, candidate=245.4, ci_mode=True, refreshing=True)
+    assert out.status == "uncalibrated" and out.failures == []
+    assert out.warnings[0].endswith("(this refresh replaces it)")
 
 
 def test_a_real_regression_on_the_same_machine_still_fails(tmp_path: Path) -> None:

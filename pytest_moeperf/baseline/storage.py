@@ -1,4 +1,5 @@
-"""Baseline files: one JSON file per (test id, key), written atomically, read with clear errors.
+"""Baseline files: one JSON file per (test id, key, machine), written atomically, read with
+clear errors.
 
 Baselines live in git next to the tests, so the format is chosen for reviewable diffs: keys
 sorted, two-space indent, one value per line. A reader never sees a half-written file (temp
@@ -291,7 +292,8 @@ def _at_line(err: UsageError, text: str) -> UsageError:
 
 
 class BaselineStore:
-    """A directory of baselines: ``root/<test>-<hash>/<key slug>.json``."""
+    """A directory of baselines: ``root/<test>-<hash>/<key slug>.json`` (``.mN.json`` for the
+    N-th machine of the same names)."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -302,11 +304,30 @@ class BaselineStore:
         readable = safe_name(test_id.replace("::", "--"), limit=80)
         return self.root / f"{readable}-{digest}"
 
+    def machine_files(self, test_id: str, key: BaselineKey) -> list[tuple[Path, Any]]:
+        """Each machine's file of this key with its calibration (``baseline/machines.py``)."""
+        from pytest_moeperf.baseline.machines import files_of
+
+        return files_of(self.dir_for(test_id), key.slug(), read_baseline_file)
+
     def path_for(self, test_id: str, key: BaselineKey) -> Path:
-        return self.dir_for(test_id) / f"{key.slug()}.json"
+        """The file a run with this key is compared with: its machine's (the calibration
+        decides among files of the same names), else the closest other machine's."""
+        from pytest_moeperf.baseline.machines import for_reading, machine_path
+
+        got = for_reading(key.calibration, self.machine_files(test_id, key))
+        return got or machine_path(self.dir_for(test_id), key.slug(), 1)
+
+    def write_path(self, test_id: str, key: BaselineKey) -> Path:
+        """Where a refresh with this key writes: its machine's file, or a new one beside the
+        other machines' (never over another machine's baseline)."""
+        from pytest_moeperf.baseline.machines import for_writing
+
+        files = self.machine_files(test_id, key)
+        return for_writing(key.calibration, files, self.dir_for(test_id), key.slug())
 
     def load(self, test_id: str, key: BaselineKey) -> Baseline | None:
-        """The baseline for exactly this test and key, or None when none was recorded."""
+        """The baseline of this test and key for this machine (``path_for``), or None."""
         path = self.path_for(test_id, key)
         if not path.exists():
             return None
@@ -351,7 +372,7 @@ class BaselineStore:
 
         ``before_replace(path)`` runs under the lock just before the rename: the file another
         refresh wrote meanwhile is still there to be named (and cannot change under it)."""
-        path = self.path_for(baseline.test_id, baseline.key)
+        path = self.write_path(baseline.test_id, baseline.key)
         if not complete:
             raise UsageError(
                 str(path),
@@ -362,6 +383,7 @@ class BaselineStore:
             )
         text = baseline.to_json()
         with self._locked():
+            path = self.write_path(baseline.test_id, baseline.key)  # as of now, under the lock
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
             try:
