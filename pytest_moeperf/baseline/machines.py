@@ -19,8 +19,9 @@ from typing import Any
 
 from pytest_moeperf.baseline.calibration import Calibration, differences
 
-#: (file, its key's calibration) for each machine's file of one key, in machine order.
-MachineFiles = Sequence[tuple[Path, Calibration | None]]
+#: A machine's file of one key and that key's calibration (None: recorded before calibrations).
+MachineFile = tuple[Path, Calibration | None]
+MachineFiles = Sequence[MachineFile]
 
 
 def machine_index(path: Path, slug: str) -> int | None:
@@ -31,7 +32,7 @@ def machine_index(path: Path, slug: str) -> int | None:
     return int(m.group(1)) if m and int(m.group(1)) >= 2 else None
 
 
-def files_of(folder: Path, slug: str, read: Callable[[Path], Any]) -> list[tuple[Path, Any]]:
+def files_of(folder: Path, slug: str, read: Callable[[Path], Any]) -> list[MachineFile]:
     """(file, its calibration) of each machine's file of ``slug`` in ``folder``, in machine
     order; ``read`` parses a baseline file (its errors name the file)."""
     if not folder.is_dir():

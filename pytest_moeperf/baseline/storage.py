@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.baseline.key import BaselineKey, safe_name
+from pytest_moeperf.baseline.machines import MachineFile
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.verdict.metrics import DEFAULT_METRICS
 
@@ -304,7 +305,7 @@ class BaselineStore:
         readable = safe_name(test_id.replace("::", "--"), limit=80)
         return self.root / f"{readable}-{digest}"
 
-    def machine_files(self, test_id: str, key: BaselineKey) -> list[tuple[Path, Any]]:
+    def machine_files(self, test_id: str, key: BaselineKey) -> list[MachineFile]:
         """Each machine's file of this key with its calibration (``baseline/machines.py``)."""
         from pytest_moeperf.baseline.machines import files_of
 
