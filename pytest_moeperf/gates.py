@@ -51,14 +51,14 @@ def compare(
     from pytest_moeperf.verdict import judge_all, search_resolution
 
     hint = REFRESH_HINT.format(target=target)
-    path = str(store.dir_for(test_id) / f"{key.slug()}.json")  # named if none can be read
+    path = str(store.first_path(test_id, key))  # named if no file can be read
     try:  # every file read is here: a corrupt baseline of another setup is unreadable too
-        path = str(store.path_for(test_id, key))  # this machine's file (or the closest)
-        baseline = store.load(test_id, key)
+        found, baseline = store.find(test_id, key)  # this machine's file (or the closest)
+        path = str(found)
         others = [] if baseline is not None else store.find_other_keys(test_id, exclude=key)
         if baseline is None and others and allow_other_hardware:
-            baseline = store.load(test_id, others[0])
-            path = str(store.path_for(test_id, others[0]))
+            found, baseline = store.find(test_id, others[0])
+            path = str(found)
     except UsageError as exc:
         out = BaselineOutcome("unreadable", path)
         out.failures.append(str(exc))
@@ -89,9 +89,10 @@ def compare(
     other = None if allow_other_hardware else other_machine(test_id, key, baseline, path, hint)
     if other is not None:  # a refresh records this machine's: say so, never fail the run that does
         out = BaselineOutcome(other[0], path, baseline=baseline)
-        beside = " (this refresh records this machine's baseline beside it)"
-        msg = other[1] + ("" if not refreshing else " (this refresh replaces it)"
-                          if other[0] == "uncalibrated" else beside)  # fmt: skip
+        msg = other[1]
+        if refreshing:  # an uncalibrated file is re-recorded; another machine's is kept
+            msg += (" (this refresh replaces it)" if other[0] == "uncalibrated"
+                    else " (this refresh records this machine's baseline beside it)")  # fmt: skip
         (out.failures if ci_mode and not refreshing else out.warnings).append(msg)
         return out
     out = BaselineOutcome("compared", path, baseline=baseline)

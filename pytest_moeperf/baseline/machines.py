@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from pytest_moeperf.baseline.calibration import Calibration, differences
 
-#: A machine's file of one key and that key's calibration (None: recorded before calibrations).
-MachineFile = tuple[Path, Calibration | None]
-MachineFiles = Sequence[MachineFile]
+#: Each machine's file of one key with that file's calibration (None: recorded before
+#: calibrations), in machine order.
+MachineFiles = Sequence[tuple[Path, Calibration | None]]
 
 
 def machine_index(path: Path, slug: str) -> int | None:
@@ -32,14 +31,13 @@ def machine_index(path: Path, slug: str) -> int | None:
     return int(m.group(1)) if m and int(m.group(1)) >= 2 else None
 
 
-def files_of(folder: Path, slug: str, read: Callable[[Path], Any]) -> list[MachineFile]:
-    """(file, its calibration) of each machine's file of ``slug`` in ``folder``, in machine
-    order; ``read`` parses a baseline file (its errors name the file)."""
+def machine_paths(folder: Path, slug: str) -> list[Path]:
+    """Each machine's file of ``slug`` in ``folder``, in machine order."""
     if not folder.is_dir():
         return []
     found = sorted((i, p) for p in folder.glob("*.json")
                    if (i := machine_index(p, slug)) is not None)  # fmt: skip
-    return [(p, read(p).key.calibration) for _, p in found]
+    return [p for _, p in found]
 
 
 def machine_path(folder: Path, slug: str, index: int) -> Path:

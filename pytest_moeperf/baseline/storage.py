@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.baseline.key import BaselineKey, safe_name
-from pytest_moeperf.baseline.machines import MachineFile
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.verdict.metrics import DEFAULT_METRICS
 
@@ -305,34 +304,29 @@ class BaselineStore:
         readable = safe_name(test_id.replace("::", "--"), limit=80)
         return self.root / f"{readable}-{digest}"
 
-    def machine_files(self, test_id: str, key: BaselineKey) -> list[MachineFile]:
-        """Each machine's file of this key with its calibration (``baseline/machines.py``)."""
-        from pytest_moeperf.baseline.machines import files_of
+    def first_path(self, test_id: str, key: BaselineKey) -> Path:
+        """The first machine's file of this key: where a baseline of these names is looked for
+        before any is read."""
+        return self.dir_for(test_id) / f"{key.slug()}.json"
 
-        return files_of(self.dir_for(test_id), key.slug(), read_baseline_file)
+    def _machine_files(self, test_id: str, key: BaselineKey) -> list[tuple[Path, Baseline]]:
+        """Each machine's file of this key, read (``baseline/machines.py``)."""
+        from pytest_moeperf.baseline.machines import machine_paths
 
-    def path_for(self, test_id: str, key: BaselineKey) -> Path:
-        """The file a run with this key is compared with: its machine's (the calibration
-        decides among files of the same names), else the closest other machine's."""
-        from pytest_moeperf.baseline.machines import for_reading, machine_path
+        return [(p, read_baseline_file(p))
+                for p in machine_paths(self.dir_for(test_id), key.slug())]  # fmt: skip
 
-        got = for_reading(key.calibration, self.machine_files(test_id, key))
-        return got or machine_path(self.dir_for(test_id), key.slug(), 1)
+    def find(self, test_id: str, key: BaselineKey) -> tuple[Path, Baseline | None]:
+        """The file a run with this key is compared with and its baseline (None: no file):
+        its machine's (the calibration decides among files of the same names), else the
+        closest other machine's. Each file is read once."""
+        from pytest_moeperf.baseline.machines import for_reading
 
-    def write_path(self, test_id: str, key: BaselineKey) -> Path:
-        """Where a refresh with this key writes: its machine's file, or a new one beside the
-        other machines' (never over another machine's baseline)."""
-        from pytest_moeperf.baseline.machines import for_writing
-
-        files = self.machine_files(test_id, key)
-        return for_writing(key.calibration, files, self.dir_for(test_id), key.slug())
-
-    def load(self, test_id: str, key: BaselineKey) -> Baseline | None:
-        """The baseline of this test and key for this machine (``path_for``), or None."""
-        path = self.path_for(test_id, key)
-        if not path.exists():
-            return None
-        baseline = read_baseline_file(path)
+        files = self._machine_files(test_id, key)
+        path = for_reading(key.calibration, [(p, b.key.calibration) for p, b in files])
+        if path is None:
+            return self.first_path(test_id, key), None
+        baseline = dict(files)[path]
         for what, want, got in (("test_id", test_id, baseline.test_id), ("key", key, baseline.key)):
             if want != got:
                 raise UsageError(
@@ -342,7 +336,23 @@ class BaselineStore:
                     "does not match the file's place in the baseline directory",
                     "move the file back or re-record the baseline",
                 )
-        return baseline
+        return path, baseline
+
+    def path_for(self, test_id: str, key: BaselineKey) -> Path:
+        """The file a run with this key is compared with (``find``)."""
+        return self.find(test_id, key)[0]
+
+    def load(self, test_id: str, key: BaselineKey) -> Baseline | None:
+        """The baseline of this test and key for this machine (``find``), or None."""
+        return self.find(test_id, key)[1]
+
+    def write_path(self, test_id: str, key: BaselineKey) -> Path:
+        """Where a refresh with this key writes: its machine's file, or a new one beside the
+        other machines' (never over another machine's baseline)."""
+        from pytest_moeperf.baseline.machines import for_writing
+
+        files = [(p, b.key.calibration) for p, b in self._machine_files(test_id, key)]
+        return for_writing(key.calibration, files, self.dir_for(test_id), key.slug())
 
     def find_other_keys(
         self, test_id: str, *, exclude: BaselineKey | None = None
@@ -373,10 +383,9 @@ class BaselineStore:
 
         ``before_replace(path)`` runs under the lock just before the rename: the file another
         refresh wrote meanwhile is still there to be named (and cannot change under it)."""
-        path = self.write_path(baseline.test_id, baseline.key)
         if not complete:
             raise UsageError(
-                str(path),
+                str(self.write_path(baseline.test_id, baseline.key)),
                 "complete",
                 complete,
                 "the run was partial (failed, aborted or interrupted), so it is not a baseline",
@@ -384,7 +393,7 @@ class BaselineStore:
             )
         text = baseline.to_json()
         with self._locked():
-            path = self.write_path(baseline.test_id, baseline.key)  # as of now, under the lock
+            path = self.write_path(baseline.test_id, baseline.key)  # under the lock: as of now
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
             try:

@@ -195,10 +195,10 @@ def stored_bracket(root: Path, test_id: str, key: BaselineKey) -> tuple[float, f
 
     store = BaselineStore(root)
     try:
-        baseline = store.load(test_id, key)
-        path = str(store.path_for(test_id, key))
+        found, baseline = store.find(test_id, key)
     except UsageError:
         return None  # the comparison after the run says what is wrong with the file
+    path = str(found)
     if baseline is None or other_machine(test_id, key, baseline, path, "") is not None:
         return None
     got = median_bracket(baseline.runs)
