@@ -53,12 +53,15 @@ def _notes(a: Baseline, b: Baseline, names: Sequence[str] | None) -> list[str]:
             notes.append(f"note: skipped unknown metrics: {', '.join(unknown)}")
         if "accuracy" in common:
             notes.append("note: accuracy is judged by the accuracy gate, not compared here")
-    from pytest_moeperf.verdict.machine_drift import drift_note
+    from pytest_moeperf.gates import calibration_speed
+    from pytest_moeperf.verdict.machine_drift import drift_note, speed_note
     from pytest_moeperf.verdict.server_cost import server_cost_notes
 
     notes += [f"note: {n}" for n in server_cost_notes(a.runs, b.runs)]
     if (drift := drift_note(a.runs, b.runs)) is not None:
         notes.append(f"note: {drift}")
+    if (moved := speed_note(calibration_speed(b.key, a.key))) is not None:
+        notes.append(f"note: {moved}")
     return notes
 
 
@@ -80,7 +83,9 @@ def run(args: argparse.Namespace) -> int:
         resolution = max(search_resolution(a.runs), search_resolution(b.runs))
         verdicts = judge_all(a.metrics, b.metrics, names=args.metric, source="--metric",
                              resolution=resolution)  # fmt: skip
-        verdicts = confounded(verdicts, a.runs, b.runs)
+        from pytest_moeperf.gates import calibration_speed
+
+        verdicts = confounded(verdicts, a.runs, b.runs, calibration_speed(b.key, a.key))
         if not verdicts:
             raise UsageError(
                 args.candidate,

@@ -16,7 +16,7 @@ from pytest_moeperf.baseline import Baseline, BaselineKey, BaselineStore, Proven
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.markers import AccuracyGate
 from pytest_moeperf.verdict import Verdict
-from pytest_moeperf.verdict.machine_drift import drift_note
+from pytest_moeperf.verdict.machine_drift import drift_note, speed_note
 from pytest_moeperf.verdict.server_cost import confounded, server_cost_notes
 
 REFRESH_HINT = "pytest {target} --moeperf-refresh-baselines --moeperf-reason '...'"
@@ -100,7 +100,8 @@ def compare(
     resolution = max(search_resolution(baseline.runs), search_resolution(candidate_runs))
     out.verdicts = judge_all(baseline.metrics, {n: candidate[n] for n in names},
                              source=f"baseline {path}", resolution=resolution)  # fmt: skip
-    out.verdicts = confounded(out.verdicts, baseline.runs, candidate_runs)
+    speed = calibration_speed(key, baseline.key)
+    out.verdicts = confounded(out.verdicts, baseline.runs, candidate_runs, speed)
     measured = [n for n in candidate if candidate[n]]
     if measured and not any(v.gating for v in out.verdicts):  # compared nothing: no gate
         out.failures.append(f"baseline {path} shares no gated metric with this run (baseline: "
@@ -115,9 +116,21 @@ def compare(
     out.warnings += server_cost_notes(baseline.runs, candidate_runs)
     if (drift := drift_note(baseline.runs, candidate_runs)) is not None:
         out.warnings.append(drift)
+    if (moved := speed_note(speed)) is not None:
+        out.warnings.append(moved)
     if accuracy is not None and accuracy_gate is not None:
         out.accuracy = _accuracy_verdict(baseline, accuracy, accuracy_gate, path, out)
     return out
+
+
+def calibration_speed(here: BaselineKey, there: BaselineKey) -> tuple[float, str] | None:
+    """How far this session's calibration moved from the baseline's, where beyond the drift
+    tolerance (``calibration.speed_drift``); None where either side has none."""
+    from pytest_moeperf.baseline.calibration import speed_drift
+
+    if here.calibration is None or there.calibration is None:
+        return None
+    return speed_drift(here.calibration, there.calibration)
 
 
 def other_machine(test_id: str, key: BaselineKey, baseline: Baseline, path: str,

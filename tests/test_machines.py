@@ -24,7 +24,7 @@ pytest_plugins = ["pytester"]
 
 #: a third machine, 2.5x slower than SLOW: neither stored machine's
 SLOWER = Calibration({"gemm_gflops": 9.8, "copy_gb_s": 2.0}, threads=1)
-#: SLOW measured in another session, within the x1.5 tolerance: the same machine
+#: SLOW measured in another session, within x1.5 (the tolerance is x2): the same machine
 SLOW_AGAIN = Calibration({"gemm_gflops": 27.9, "copy_gb_s": 4.6}, threads=1)
 
 

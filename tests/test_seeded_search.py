@@ -64,7 +64,7 @@ def test_a_seeded_first_search_starts_at_the_met_rate_and_aims_at_the_miss(
 
 
 def test_a_baseline_of_another_machine_seeds_nothing(tmp_path: Path) -> None:
-    """The gate calls a baseline whose calibration is x1.5 off another machine's; the search
+    """The gate calls a baseline whose calibration is x2 off another machine's; the search
     does not start from its bracket either (it said so, then "no baseline for this machine")."""
     from test_calibration import FAST, SAME_SLOW_SESSION, SLOW
 

@@ -10,6 +10,11 @@ which of the two moved. A larger change keeps its verdict, and so does an *impro
 came despite the machine). The mirror case, a baseline recorded on a busier machine, makes
 small *improved* verdicts inconclusive. A baseline recorded before these figures existed (no
 ``machine`` in its runs) is judged as before.
+
+The session's calibration (``baseline/calibration.py``) says the same of the whole machine:
+where its host figures moved beyond x1.5 from the baseline's (but not x2, another machine),
+``speed_verdicts`` reads inconclusive every verdict that speed change explains, *unchanged*
+ones too: a machine 1.6x slower can hide a real change as well as fake one.
 """
 
 from __future__ import annotations
@@ -126,6 +131,40 @@ def drifted_verdicts(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[st
         moved = v.candidate_center / v.baseline_center if v.baseline_center > 0 else math.nan
         hit = "regressed" if slower else "improved"
         if v.outcome == hit and moved > 0 and abs(math.log(moved)) <= reach:
+            v = replace(v, outcome="inconclusive", reason=f"{v.reason}; but {why}",
+                        advice=advice)  # fmt: skip
+        out.append(v)
+    return out
+
+
+def speed_note(speed: tuple[float, str] | None) -> str | None:
+    """One line when the session's calibration moved beyond its drift tolerance, else None."""
+    if speed is None:
+        return None
+    return (f"this machine's calibration moved since the baseline ({speed[1]}, here vs "
+            "baseline; beyond x1.5, not x2): the same machine running slower or faster (a "
+            "neighbour on its cores) or a similar machine; changes of the size this explains "
+            "read inconclusive")  # fmt: skip
+
+
+def speed_verdicts(verdicts: Sequence[Any], speed: tuple[float, str] | None) -> list[Any]:
+    """Verdicts a calibration change of ``speed`` (here / baseline, text) explains, made
+    inconclusive: the loss's direction (regressed on a slower machine, improved on a faster
+    one) and *unchanged*, within ``EXPLAINS`` times the change in log terms."""
+    if speed is None:
+        return list(verdicts)
+    ratio, said = speed
+    reach = EXPLAINS * abs(math.log(ratio))
+    hit = "regressed" if ratio < 1 else "improved"
+    why = (f"the machine's calibration ran {100 * abs(ratio - 1):.0f} % "
+           f"{'slower' if ratio < 1 else 'faster'} than at the baseline ({said}), which "
+           "explains a change this size")  # fmt: skip
+    advice = ("compare on the machine in the baseline's state (a quiet one), or interleaved "
+              "(the A/B gate: docs/ab-gate.md), where both sides share the machine")  # fmt: skip
+    out = []
+    for v in verdicts:
+        moved = v.candidate_center / v.baseline_center if v.baseline_center > 0 else math.nan
+        if v.outcome in (hit, "unchanged") and moved > 0 and abs(math.log(moved)) <= reach:
             v = replace(v, outcome="inconclusive", reason=f"{v.reason}; but {why}",
                         advice=advice)  # fmt: skip
         out.append(v)

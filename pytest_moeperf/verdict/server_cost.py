@@ -243,13 +243,15 @@ def capped_verdicts(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[str
 
 
 def confounded(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[str, Any]],
-               candidate_runs: Sequence[Mapping[str, Any]]) -> list[Any]:  # fmt: skip
-    """Every rule that reads a verdict inconclusive from what the two sides' runs recorded:
-    a machine that stalled the client, a machine that gave one side less CPU
-    (``verdict/machine_drift.py``), boundaries that are floors, and latencies read at
-    boundaries that moved. One chain, so the gate and ``moeperf compare`` judge alike."""
-    from pytest_moeperf.verdict.machine_drift import drifted_verdicts
+               candidate_runs: Sequence[Mapping[str, Any]],
+               speed: tuple[float, str] | None = None) -> list[Any]:  # fmt: skip
+    """Every rule that reads a verdict inconclusive from what the two sides recorded: a
+    machine that stalled the client, a machine that gave one side less CPU or whose
+    calibration moved (``speed``: ``calibration.speed_drift``; ``verdict/machine_drift.py``),
+    boundaries that are floors, and latencies read at boundaries that moved. One chain, so
+    the gate and ``moeperf compare`` judge alike."""
+    from pytest_moeperf.verdict.machine_drift import drifted_verdicts, speed_verdicts
 
     out = stalled_verdicts(verdicts, baseline_runs, candidate_runs)
-    out = drifted_verdicts(out, baseline_runs, candidate_runs)
+    out = speed_verdicts(drifted_verdicts(out, baseline_runs, candidate_runs), speed)
     return load_confounded(capped_verdicts(out, baseline_runs, candidate_runs))
