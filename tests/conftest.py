@@ -8,6 +8,7 @@ Real-server tests skip (with the reason) where vllm is not installed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,29 @@ _SHARED = _Shared()
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     if item is _SHARED.last_user and nextitem is not None and _SHARED.factory is not None:
         _SHARED.factory.stop_all()  # the session fixture's own teardown then finds it stopped
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fixed_calibration_for_started_sessions() -> Iterator[None]:
+    """Every pytest this suite starts gets a fixed host calibration
+    (``tests/moeperf_fixed_calibration.py`` says why and which tests measure for real). Set
+    here, not at import: this process and its xdist workers are configured already."""
+    saved = {k: os.environ.get(k) for k in ("PYTEST_PLUGINS", "PYTHONPATH", "PYTEST_ADDOPTS")}
+    here = str(Path(__file__).resolve().parent)
+    plugins = [p for p in (saved["PYTEST_PLUGINS"] or "").split(",") if p]
+    os.environ["PYTEST_PLUGINS"] = ",".join([*plugins, "moeperf_fixed_calibration"])
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, saved["PYTHONPATH"]]))
+    # Hypothesis's plugin imports hypothesis (~1 s) at the end of every session; none of the
+    # started sessions uses it
+    os.environ["PYTEST_ADDOPTS"] = " ".join(
+        filter(None, [saved["PYTEST_ADDOPTS"], "-p no:hypothesispytest"])
+    )
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="session")
