@@ -92,16 +92,18 @@ def machine_ratio(baseline_runs: Sequence[Mapping[str, Any]],
 
 
 def _beyond(baseline_runs: Sequence[Mapping[str, Any]],
-            candidate_runs: Sequence[Mapping[str, Any]]) -> tuple[float, str] | None:  # fmt: skip
-    """(capacity ratio, "the machine left this run ... (this run: ...; baseline: ...)") when
+            candidate_runs: Sequence[Mapping[str, Any]],
+            ) -> tuple[float, str, str] | None:  # fmt: skip
+    """(capacity ratio, "the machine left this run ...", "this run: ...; baseline: ...") when
     the sides differ beyond ``TOLERANCE``; None when they do not, or a side lacks figures."""
     got = machine_ratio(baseline_runs, candidate_runs)
     if got is None or abs(math.log(got[0])) <= math.log1p(TOLERANCE):
         return None
     ratio, b, c = got
-    return ratio, (f"the machine left this run {100 * abs(ratio - 1):.0f} % "
-                   f"{'more' if ratio > 1 else 'less'} of its CPUs than the baseline's runs had "
-                   f"(this run: {c.text()}; baseline: {b.text()}")  # fmt: skip
+    more = "more" if ratio > 1 else "less"
+    said = (f"the machine left this run {100 * abs(ratio - 1):.0f} % {more} of its CPUs than "
+            "the baseline's runs had")  # fmt: skip
+    return ratio, said, f"this run: {c.text()}; baseline: {b.text()}"
 
 
 def drift_note(baseline_runs: Sequence[Mapping[str, Any]],
@@ -110,8 +112,9 @@ def drift_note(baseline_runs: Sequence[Mapping[str, Any]],
     got = _beyond(baseline_runs, candidate_runs)
     if got is None:
         return None
-    return (f"{got[1]}; tolerance x{1 + TOLERANCE:g}): changes of the size this explains read "
-            "inconclusive")  # fmt: skip
+    _, said, sides = got
+    return (f"{said} ({sides}; tolerance x{1 + TOLERANCE:g}): changes of the size this "
+            "explains read inconclusive")  # fmt: skip
 
 
 def drifted_verdicts(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[str, Any]],
@@ -120,10 +123,10 @@ def drifted_verdicts(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[st
     got = _beyond(baseline_runs, candidate_runs)
     if got is None:
         return list(verdicts)
-    ratio, said = got
+    ratio, said, sides = got
     slower = ratio < 1
     reach = EXPLAINS * abs(math.log(ratio))
-    why = f"{said}), which explains a change this size"
+    why = f"{said} ({sides}), which explains a change this size"
     advice = ("measure both on a quiet machine, or compare interleaved (the A/B gate: "
               "docs/ab-gate.md), where both sides share the machine's drift")  # fmt: skip
     out = []
