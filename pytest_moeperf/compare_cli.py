@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _notes(a: Baseline, b: Baseline, names: Sequence[str] | None) -> list[str]:
+def _notes(a: Baseline, b: Baseline, names: Sequence[str] | None,
+           speed: tuple[float, str] | None) -> list[str]:  # fmt: skip
     notes = []
     if a.test_id != b.test_id:
         notes.append(f"note: different tests: {a.test_id!r} vs {b.test_id!r}")
@@ -53,14 +54,13 @@ def _notes(a: Baseline, b: Baseline, names: Sequence[str] | None) -> list[str]:
             notes.append(f"note: skipped unknown metrics: {', '.join(unknown)}")
         if "accuracy" in common:
             notes.append("note: accuracy is judged by the accuracy gate, not compared here")
-    from pytest_moeperf.gates import calibration_speed
     from pytest_moeperf.verdict.machine_drift import drift_note, speed_note
     from pytest_moeperf.verdict.server_cost import server_cost_notes
 
     notes += [f"note: {n}" for n in server_cost_notes(a.runs, b.runs)]
     if (drift := drift_note(a.runs, b.runs)) is not None:
         notes.append(f"note: {drift}")
-    if (moved := speed_note(calibration_speed(b.key, a.key))) is not None:
+    if (moved := speed_note(speed)) is not None:
         notes.append(f"note: {moved}")
     return notes
 
@@ -85,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
                              resolution=resolution)  # fmt: skip
         from pytest_moeperf.gates import calibration_speed
 
-        verdicts = confounded(verdicts, a.runs, b.runs, calibration_speed(b.key, a.key))
+        speed = calibration_speed(b.key, a.key)  # the candidate's machine vs the baseline's
+        verdicts = confounded(verdicts, a.runs, b.runs, speed)
         if not verdicts:
             raise UsageError(
                 args.candidate,
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     if hardware:
         print(f"warning: different hardware ({a.key.describe_mismatches(b.key)}); compared anyway")
-    for note in _notes(a, b, args.metric):
+    for note in _notes(a, b, args.metric, speed):
         print(note)
     title = f"moeperf compare: {args.baseline} (baseline) vs {args.candidate} (candidate)"
     print(format_verdict_table(verdicts, title=title))

@@ -122,13 +122,7 @@ def differences(here: Calibration, there: Calibration, tolerance: float = TOLERA
     """
     if here.version != there.version:
         return [f"calibration method v{here.version} vs v{there.version}"]
-    out = []
-    for k, (label, unit) in HOST_FIGURES.items():
-        a, b = here.figures.get(k), there.figures.get(k)
-        if a is None or b is None or b <= 0 or a <= 0:
-            continue
-        if abs(math.log(a / b)) > math.log1p(tolerance):
-            out.append(f"{label} {_num(a)} vs {_num(b)} {unit} ({100 * (a / b - 1):+.0f} %)")
+    out = [text for _, text in _moved_figures(here, there, tolerance)]
     if here.threads != there.threads:
         out.append(f"threads {here.threads} vs {there.threads}")
     if len(here.gpus) != len(there.gpus):
@@ -145,6 +139,21 @@ def differences(here: Calibration, there: Calibration, tolerance: float = TOLERA
     return out
 
 
+def _moved_figures(here: Calibration, there: Calibration,
+                   tolerance: float) -> list[tuple[float, str]]:  # fmt: skip
+    """(here / there, "GEMM 12.1 vs 41.2 GFLOP/s (-71 %)") of each host figure both sides have
+    that moved beyond ``tolerance`` either way."""
+    out = []
+    for k, (label, unit) in HOST_FIGURES.items():
+        a, b = here.figures.get(k), there.figures.get(k)
+        if a is None or b is None or a <= 0 or b <= 0:
+            continue  # a figure only one side has is not a difference
+        if abs(math.log(a / b)) > math.log1p(tolerance):
+            out.append((a / b, f"{label} {_num(a)} vs {_num(b)} {unit} "
+                               f"({100 * (a / b - 1):+.0f} %)"))  # fmt: skip
+    return out
+
+
 def speed_drift(here: Calibration, there: Calibration) -> tuple[float, str] | None:
     """(here / there, "GEMM 159 vs 103 GFLOP/s (+55 %)") where a host figure moved beyond
     ``DRIFT`` but not beyond ``TOLERANCE``: the machine the baseline's was, running slower or
@@ -153,12 +162,7 @@ def speed_drift(here: Calibration, there: Calibration) -> tuple[float, str] | No
     where the user passed --moeperf-allow-other-hardware)."""
     if differences(here, there):  # another machine: that check decides, or the user's flag
         return None
-    moved = []
-    for k, (label, unit) in HOST_FIGURES.items():
-        a, b = here.figures.get(k), there.figures.get(k)
-        if a and b and a > 0 and b > 0 and abs(math.log(a / b)) > math.log1p(DRIFT):
-            moved.append((a / b, f"{label} {_num(a)} vs {_num(b)} {unit} "
-                                 f"({100 * (a / b - 1):+.0f} %)"))  # fmt: skip
+    moved = _moved_figures(here, there, DRIFT)
     if not moved:
         return None
     ratio = max((r for r, _ in moved), key=lambda r: abs(math.log(r)))

@@ -129,11 +129,18 @@ def drifted_verdicts(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[st
     why = f"{said} ({sides}), which explains a change this size"
     advice = ("measure both on a quiet machine, or compare interleaved (the A/B gate: "
               "docs/ab-gate.md), where both sides share the machine's drift")  # fmt: skip
+    hit = "regressed" if slower else "improved"
+    return _explained(verdicts, (hit,), reach, why, advice)
+
+
+def _explained(verdicts: Sequence[Any], outcomes: tuple[str, ...], reach: float, why: str,
+               advice: str) -> list[Any]:  # fmt: skip
+    """``verdicts`` with each one of ``outcomes`` whose change is within ``reach`` (log ratio
+    of the centres) made inconclusive, ``why`` added to its reason."""
     out = []
     for v in verdicts:
         moved = v.candidate_center / v.baseline_center if v.baseline_center > 0 else math.nan
-        hit = "regressed" if slower else "improved"
-        if v.outcome == hit and moved > 0 and abs(math.log(moved)) <= reach:
+        if v.outcome in outcomes and moved > 0 and abs(math.log(moved)) <= reach:
             v = replace(v, outcome="inconclusive", reason=f"{v.reason}; but {why}",
                         advice=advice)  # fmt: skip
         out.append(v)
@@ -164,11 +171,4 @@ def speed_verdicts(verdicts: Sequence[Any], speed: tuple[float, str] | None) -> 
            "explains a change this size")  # fmt: skip
     advice = ("compare on the machine in the baseline's state (a quiet one), or interleaved "
               "(the A/B gate: docs/ab-gate.md), where both sides share the machine")  # fmt: skip
-    out = []
-    for v in verdicts:
-        moved = v.candidate_center / v.baseline_center if v.baseline_center > 0 else math.nan
-        if v.outcome in (hit, "unchanged") and moved > 0 and abs(math.log(moved)) <= reach:
-            v = replace(v, outcome="inconclusive", reason=f"{v.reason}; but {why}",
-                        advice=advice)  # fmt: skip
-        out.append(v)
-    return out
+    return _explained(verdicts, (hit, "unchanged"), reach, why, advice)
