@@ -16,6 +16,8 @@
 #                      baselines (a compared run seeds its first search from their brackets)
 #   auto               compared where the committed baselines have this GPU's (the H100's since
 #                      2026-12-06), else nightly: a lent card of either kind gets the useful one
+#   restarts           benchmarks/h200/restarts.py: three starts of one build (cold, cached,
+#                      recompiled), the same seeded probes at 16, 20, 23 req/s on each
 #   longrun            benchmarks/h200/long_run_check.py at the bf16 baseline's boundary R and 1.1 R
 #   gate               the PR gate end to end on an H200 (another GPU skips it: the file is
 #                      the H200's): in-tree vs large-M-worse (every key M >= 64 poorly tiled),
@@ -73,6 +75,10 @@ stage() {
     else
       echo "auto: no baselines for $g: nightly (refresh)" >> "$O/state.txt"; stage nightly
     fi ;;
+  restarts)
+    env_run python3 -X faulthandler benchmarks/h200/restarts.py \
+      --spec perf_tests/specs/h200-fixed-1024-128.yaml --rates 16,20,23 --seconds 25 \
+      --out "$O/restarts" > "$O/restarts.log" 2>&1 ;;
   longrun)
     env_run python3 -X faulthandler benchmarks/h200/long_run_check.py \
       --spec perf_tests/specs/h200-fixed-1024-128.yaml \
@@ -151,7 +157,7 @@ watch)
     sleep 5
   done
   cat "$O/state.txt" 2>/dev/null
-  tail -n 4 "$O"/pytest-*.log "$O/long-run.log" "$O/kernels.log" 2>/dev/null
+  tail -n 4 "$O"/pytest-*.log "$O/long-run.log" "$O/restarts.log" "$O/kernels.log" 2>/dev/null
   cat "$O/gate/ab-summary.md" 2>/dev/null
   grep -h "SLO boundary\|steady\|tokens a chunk" "$O"/pytest-*.log 2>/dev/null | tail -n 12
   nvidia-smi > "$O/nvidia-smi-now.txt" 2>&1
