@@ -528,7 +528,7 @@ def test_quantization_of_unknown_width_is_a_usage_error_naming_it() -> None:
 def test_h200_fp8_boundary_mbu_counts_fp8_weights() -> None:
     """The recorded H200 fp8 run's first boundary probe: the fixed MBU is about half the old one
     at large batch minus the bf16 KV cache and LM head, which did not shrink."""
-    from pytest_moeperf.run.probe import MbuInputs, decode_mbu
+    from pytest_moeperf.run.figures import MbuInputs, decode_mbu
 
     if not QWEN3_CONFIG.exists():
         pytest.skip(f"needs the shared model shape at {QWEN3_CONFIG}")

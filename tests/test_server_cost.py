@@ -241,19 +241,19 @@ def test_a_stalled_refresh_never_replaces_a_compared_baseline() -> None:
     was compared with: there a slowed server reads inconclusive, passes, and would be written."""
     from types import SimpleNamespace
 
-    from pytest_moeperf.run.measure import PerfTest
+    from pytest_moeperf.run.refresh import stalled_replacement
 
     def runs(lag: float) -> list[Any]:
         return [SimpleNamespace(to_dict=lambda: _lag_run(lag))] * 3
 
-    why = PerfTest._stalled_replacement("compared", "baselines/x/cpu.json", runs(828.0))
+    why = stalled_replacement("compared", "baselines/x/cpu.json", runs(828.0))
     assert why == (
         "this run was recorded while the machine stalled the client at the boundary (p99 send "
         "lag 828 ms, over 10 % of the 2,000 ms TTFT SLO), so it does not replace the baseline "
         "it was compared with (baselines/x/cpu.json); to accept it anyway, remove that file and "
         "refresh again")  # fmt: skip
-    assert PerfTest._stalled_replacement("missing", None, runs(828.0)) is None
-    assert PerfTest._stalled_replacement("compared", "b.json", runs(5.0)) is None
+    assert stalled_replacement("missing", None, runs(828.0)) is None
+    assert stalled_replacement("compared", "b.json", runs(5.0)) is None
 
 
 # -- a boundary met at search.rate_max is a floor ----------------------------------------------

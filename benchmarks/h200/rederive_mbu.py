@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_moeperf.metrics.mbu import load_model_shape, step_dtypes
-from pytest_moeperf.run.probe import MbuInputs, decode_mbu
+from pytest_moeperf.run.figures import MbuInputs, decode_mbu
 from pytest_moeperf.spec.loader import load_spec
 
 

@@ -17,7 +17,8 @@ from pytest_moeperf.errors import MoePerfError
 from pytest_moeperf.hygiene.machine import MachineWatch
 from pytest_moeperf.load.warmstart import Pace
 from pytest_moeperf.metrics.energy import EnergyMeter, NotMeasuredMeter
-from pytest_moeperf.run.probe import Endpoint, MbuInputs, RunMeasurement
+from pytest_moeperf.run.figures import MbuInputs
+from pytest_moeperf.run.probe import Endpoint, RunMeasurement
 from pytest_moeperf.spec.model import Slo, Spec
 
 #: A search run starts at the previous run's boundary on the same server, aims next at the

@@ -16,12 +16,8 @@ import pytest
 
 from pytest_moeperf import markers, options, settings
 from pytest_moeperf.errors import GateFailure, UsageError
-from pytest_moeperf.run.probe import (
-    Endpoint,
-    MbuInputs,
-    RunMeasurement,
-    ServerDied,
-)
+from pytest_moeperf.run.figures import MbuInputs
+from pytest_moeperf.run.probe import Endpoint, RunMeasurement, ServerDied
 from pytest_moeperf.run.record import (
     collect_metrics,
     metric_entry,
@@ -379,25 +375,21 @@ class PerfTest:
             if refused:
                 reasons.append(refused)
         if refreshing:
-            # A failed test never overwrites a baseline, a regression included: to accept a
-            # slower result on purpose, remove the old file in the same commit, then refresh.
-            why = (
-                partial
-                or ("quick mode" if plan.quick else None)
-                or self._stalled_replacement(outcome.status, outcome.path, runs)
-                or (("the test failed: " + "; ".join(reasons)) if reasons else None)
-                or (
-                    None
-                    if len(runs) == plan.runs and all(r.complete for r in runs)
-                    else "not every run completed with an SLO boundary"
-                )
-                or self._few_runs(outcome.status, outcome.path, runs, data)
-            )
-            if why is not None:
+            from pytest_moeperf.run.refresh import why_not_written
+
+            refusal = why_not_written(
+                runs=runs, planned_runs=plan.runs, quick=plan.quick, partial=partial,
+                reasons=reasons, status=outcome.status, path=outcome.path,
+                had_runs=max((v.n_baseline for v in self.verdicts), default=0),
+            )  # fmt: skip
+            if refusal.why is not None:
                 data["baseline"]["status"] = "not-written"
-                data["baseline"]["refresh"] = f"not-written: {why}"
-                self.session.warn(f"{test_id}: baseline not-written: {why}")
+                data["baseline"]["refresh"] = f"not-written: {refusal.why}"
+                self.session.warn(f"{test_id}: baseline not-written: {refusal.why}")
                 return
+            if refusal.note is not None:
+                data["baseline"]["warnings"].append(refusal.note)
+                self.session.warn(f"{test_id}: {refusal.note}")
             run_dicts = [r.to_dict() for r in runs]  # stalled but first: written, with a warning
             self._candidate = (store, gates.candidate(
                 test_id, key, metrics, run_dicts, accuracy=accuracy,
@@ -415,44 +407,6 @@ class PerfTest:
             for note in notes:
                 data["baseline"]["warnings"].append(note)
                 self.session.warn(f"{test_id}: {note}")
-
-    def _few_runs(self, status: str, path: str | None, runs: list[Any],
-                  data: dict[str, Any]) -> str | None:  # fmt: skip
-        """Fewer runs than a verdict needs: every comparison with such a baseline reads
-        inconclusive. It never replaces a compared baseline that had enough (the gate would
-        lose its teeth); otherwise it is written with a warning (a look, never a gate)."""
-        from pytest_moeperf.verdict.stats import VerdictConfig
-
-        need = VerdictConfig().min_runs
-        if len(runs) >= need:
-            return None
-        few = f"{len(runs)} run{'s' * (len(runs) != 1)}, fewer than the {need} a verdict needs"
-        had = max((v.n_baseline for v in self.verdicts), default=0)
-        if status == "compared" and had >= need:
-            return (f"this run has {few}, so it does not replace the baseline it was compared "
-                    f"with ({path}, {had} runs); refresh with --moeperf-runs {need} or "
-                    "more")  # fmt: skip
-        note = (f"this baseline has {few}: every comparison with it reads inconclusive until "
-                f"it is recorded with --moeperf-runs {need} or more")  # fmt: skip
-        data["baseline"]["warnings"].append(note)
-        self.session.warn(f"{self.item.nodeid}: {note}")
-        return None
-
-    @staticmethod
-    def _stalled_replacement(status: str, path: str | None, runs: list[Any]) -> str | None:
-        """Why runs recorded while the machine stalled do not replace a compared baseline: their
-        boundary and latencies move with the stalls (a slowed server then reads inconclusive,
-        passes, and would become the baseline). A first baseline is written, with a warning."""
-        from pytest_moeperf.verdict.server_cost import stalled_recording
-
-        if status != "compared":
-            return None
-        stalled = stalled_recording([r.to_dict() for r in runs])
-        if stalled is None:
-            return None
-        return (f"this run was {stalled.split(':')[0]}, so it does not replace the baseline "
-                f"it was compared with ({path}); to accept it anyway, remove that file and "
-                "refresh again")  # fmt: skip
 
     def _table(self, data: dict[str, Any]) -> str:
         return result_table(data, self.verdicts)
