@@ -18,16 +18,15 @@ from pytest_moeperf.metrics.hardware import (
     rated_bandwidth,
 )
 from pytest_moeperf.metrics.mbu import (
-    ModelShape,
     StepBytes,
     StepDtypes,
     decode_step_bytes,
     dtype_bytes,
     expected_distinct_experts,
-    load_model_shape,
     mbu,
     step_dtypes,
 )
+from pytest_moeperf.metrics.model_shape import ModelShape, load_model_shape
 
 QWEN3_CONFIG = Path("/work/shared/gpu/qwen3-30b-a3b-shape/config.json")
 

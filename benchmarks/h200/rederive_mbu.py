@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pytest_moeperf.metrics.mbu import load_model_shape, step_dtypes
+from pytest_moeperf.metrics.mbu import step_dtypes
+from pytest_moeperf.metrics.model_shape import load_model_shape
 from pytest_moeperf.run.figures import MbuInputs, decode_mbu
 from pytest_moeperf.spec.loader import load_spec
 

@@ -19,7 +19,7 @@ from pytest_moeperf.run.search import SearchResult
 class MbuInputs:
     """What MBU needs beyond the run: the model's shape, dtype, GPUs and rated bandwidth."""
 
-    shape: Any  # metrics.mbu.ModelShape
+    shape: Any  # metrics.model_shape.ModelShape
     dtype: str
     gpus: int
     bandwidth_bytes_s: float | None

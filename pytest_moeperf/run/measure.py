@@ -259,7 +259,8 @@ class PerfTest:
 
     def _mbu_inputs(self, plan: Plan, model_dir: Path | None, env: Any) -> MbuInputs | None:
         from pytest_moeperf.metrics.hardware import rated_bandwidth
-        from pytest_moeperf.metrics.mbu import load_model_shape, step_dtypes
+        from pytest_moeperf.metrics.mbu import step_dtypes
+        from pytest_moeperf.metrics.model_shape import load_model_shape
 
         if model_dir is None or not (model_dir / "config.json").exists():
             return None
