@@ -54,13 +54,14 @@ def _notes(a: Baseline, b: Baseline, names: Sequence[str] | None,
             notes.append(f"note: skipped unknown metrics: {', '.join(unknown)}")
         if "accuracy" in common:
             notes.append("note: accuracy is judged by the accuracy gate, not compared here")
+    from pytest_moeperf.baseline.calibration import DRIFT_SPAN
     from pytest_moeperf.verdict.machine_drift import drift_note, speed_note
     from pytest_moeperf.verdict.server_cost import server_cost_notes
 
     notes += [f"note: {n}" for n in server_cost_notes(a.runs, b.runs)]
     if (drift := drift_note(a.runs, b.runs)) is not None:
         notes.append(f"note: {drift}")
-    if (moved := speed_note(speed)) is not None:
+    if (moved := speed_note(speed, DRIFT_SPAN)) is not None:
         notes.append(f"note: {moved}")
     return notes
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_moeperf.baseline import Baseline, BaselineKey, BaselineStore, Provenance
+from pytest_moeperf.baseline.calibration import DRIFT_SPAN
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.markers import AccuracyGate
 from pytest_moeperf.verdict import Verdict
@@ -116,7 +117,7 @@ def compare(
     out.warnings += server_cost_notes(baseline.runs, candidate_runs)
     if (drift := drift_note(baseline.runs, candidate_runs)) is not None:
         out.warnings.append(drift)
-    if (moved := speed_note(speed)) is not None:
+    if (moved := speed_note(speed, DRIFT_SPAN)) is not None:
         out.warnings.append(moved)
     if accuracy is not None and accuracy_gate is not None:
         out.accuracy = _accuracy_verdict(baseline, accuracy, accuracy_gate, path, out)

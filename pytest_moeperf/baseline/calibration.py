@@ -38,6 +38,8 @@ TOLERANCE = 1.0
 #: Ratio beyond which the same machine ran in another state (x1.5 to x2): compared, but
 #: verdicts of the size that state explains read inconclusive (``speed_drift``).
 DRIFT = 0.50
+#: How a moved calibration's range reads in a note: "beyond x1.5, not x2".
+DRIFT_SPAN = f"beyond x{1 + DRIFT:g}, not x{1 + TOLERANCE:g}"
 #: Power limits are set in whole watts; anything closer is the same setting.
 POWER_LIMIT_TOLERANCE_W = 1.0
 HOST_FIGURES = {"gemm_gflops": ("GEMM", "GFLOP/s"), "copy_gb_s": ("copy", "GB/s")}

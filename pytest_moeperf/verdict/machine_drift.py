@@ -147,12 +147,13 @@ def _explained(verdicts: Sequence[Any], outcomes: tuple[str, ...], reach: float,
     return out
 
 
-def speed_note(speed: tuple[float, str] | None) -> str | None:
-    """One line when the session's calibration moved beyond its drift tolerance, else None."""
+def speed_note(speed: tuple[float, str] | None, span: str) -> str | None:
+    """One line when the session's calibration moved beyond its drift tolerance, else None;
+    ``span`` says how far that is (``baseline.calibration.DRIFT_SPAN``)."""
     if speed is None:
         return None
     return (f"this machine's calibration moved since the baseline ({speed[1]}, here vs "
-            "baseline; beyond x1.5, not x2): the same machine running slower or faster (a "
+            f"baseline; {span}): the same machine running slower or faster (a "
             "neighbour on its cores) or a similar machine; changes of the size this explains "
             "read inconclusive")  # fmt: skip
 
