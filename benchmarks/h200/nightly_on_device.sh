@@ -18,6 +18,7 @@
 #                      2026-12-06), else nightly: a lent card of either kind gets the useful one
 #   restarts           benchmarks/h200/restarts.py: three starts of one build (cold, cached,
 #                      recompiled), the same seeded probes at 16, 20, 23 req/s on each
+#                      (11, 14, 17 on an H100)
 #   longrun            benchmarks/h200/long_run_check.py at the bf16 baseline's boundary R and 1.1 R
 #   gate               the PR gate end to end on an H200 (another GPU skips it: the file is
 #                      the H200's): in-tree vs large-M-worse (every key M >= 64 poorly tiled),
@@ -75,9 +76,11 @@ stage() {
     else
       echo "auto: no baselines for $g: nightly (refresh)" >> "$O/state.txt"; stage nightly
     fi ;;
-  restarts)
+  restarts)  # around each card's committed boundary: H200 20-23, H100 15-17 req/s
+    local rates=16,20,23
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 && rates=11,14,17
     env_run python3 -X faulthandler benchmarks/h200/restarts.py \
-      --spec perf_tests/specs/h200-fixed-1024-128.yaml --rates 16,20,23 --seconds 25 \
+      --spec perf_tests/specs/h200-fixed-1024-128.yaml --rates "$rates" --seconds 25 \
       --out "$O/restarts" > "$O/restarts.log" 2>&1 ;;
   longrun)
     env_run python3 -X faulthandler benchmarks/h200/long_run_check.py \
