@@ -81,6 +81,7 @@ stage() {
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H100 && rates=11,14,17
     env_run python3 -X faulthandler benchmarks/h200/restarts.py \
       --spec perf_tests/specs/h200-fixed-1024-128.yaml --rates "$rates" --seconds 25 \
+      --starts "${RESTART_STARTS:-cold,cached,recompiled}" \
       --out "$O/restarts" > "$O/restarts.log" 2>&1 ;;
   longrun)
     env_run python3 -X faulthandler benchmarks/h200/long_run_check.py \
