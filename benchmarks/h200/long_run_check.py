@@ -50,6 +50,7 @@ def plugin_run(
     vocab: int,
     seed: int,  # type: ignore[no-untyped-def]
     schedule: int | None = None,
+    keep: list | None = None,  # type: ignore[type-arg]  # gets the load's RunRecord
 ):
     from pytest_moeperf.load.requests import build_requests
     from pytest_moeperf.load.runner import run_load
@@ -71,6 +72,8 @@ def plugin_run(
     sampler.start()
     run = run_load(url, model, reqs, mode="poisson", target=rate)
     stats = sampler.stop()
+    if keep is not None:
+        keep.append(run)
     fill = fill_up(run, spec)
     summary = summarize_steady(run, spec.slo, spec, fill_s=fill)
     check = steady_check(run, summary, spec.slo, stats, fill_s=fill)

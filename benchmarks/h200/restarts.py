@@ -22,6 +22,7 @@ would show there). Written to DIR/restarts.json as it goes.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -106,6 +107,19 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
+def timeline(run: Any) -> dict[str, Any]:
+    """When the server stalled: the longest gaps in which no request got a token while some
+    were in flight, and per request (send s, TTFT ms, tokens), to see what a p99 TTFT missed
+    on (a few multi-second stalls, or a queue that grew)."""
+    reqs = run.requests
+    ticks = sorted(t for r in reqs for t in r.token_times_s)
+    gaps = sorted(((b - a, a) for a, b in itertools.pairwise(ticks)), reverse=True)
+    rows = [[round(r.send_s, 3), None if r.ttft_s is None else round(1000 * r.ttft_s),
+             r.output_tokens] for r in reqs]  # fmt: skip
+    return {"longest_token_gaps_s": [[round(g, 3), round(at, 2)] for g, at in gaps[:8]],
+            "requests": rows}  # fmt: skip
+
+
 def start_lines(log: str) -> list[str]:
     return [ln.strip()[-300:] for ln in log.splitlines() if START_LINES.search(ln)][:80]
 
@@ -134,19 +148,22 @@ def one_start(spec: Any, factory: Any, model_dir: Path, name: str, env: dict[str
     for i, rate in enumerate(rates):
         before, m0, c0 = gpu_state(), scrape(server.base_url), group_cpu(groups)
         t = time.monotonic()
+        runs: list[Any] = []
         r = plugin_run(spec, server.base_url, server.model_name, rate, seconds, vocab,
-                       seed=900 + i)  # fmt: skip
+                       seed=900 + i, keep=runs)  # fmt: skip
         wall = time.monotonic() - t
         c1, m1 = group_cpu(groups), scrape(server.base_url)
         cpu = {k: round((c1[k] - c0.get(k, 0.0)) / wall, 3) for k in c1 if c1[k] > c0.get(k, 0)}
         moved = {k: m1[k] - m0.get(k, 0.0) for k in m1 if m1[k] != m0.get(k)}
+        r["timeline"] = timeline(runs[0]) if runs else None
         r.update(wall_s=wall, gpu_before=before, gpu_after=gpu_state(), vllm_metrics=moved,
                  cpu_cores_busy=dict(sorted(cpu.items(), key=lambda kv: -kv[1])[:12]))  # fmt: skip
         row["probes"].append(r)
         top = ", ".join(f"{k} {v:.2f}" for k, v in list(r["cpu_cores_busy"].items())[:4])
         print(f"{name} {rate:5.1f} req/s: ttft p99 {r['ttft_p99_ms']:.0f} ms, tpot p99 "
               f"{r['tpot_p99_ms']:.1f} ms, {r['request_throughput']:.2f} req/s done, "
-              f"{r['tokens_per_chunk']:.2f} tok/chunk, met {r['meets_slo_in_steady_state']}; "
+              f"{r['tokens_per_chunk']:.2f} tok/chunk, met {r['meets_slo_in_steady_state']}, "
+              f"longest gaps {(r['timeline'] or {}).get('longest_token_gaps_s', [])[:3]}; "
               f"cores busy: {top}", flush=True)  # fmt: skip
     row["cpu_after"] = cpu_speed()
     factory.stop_all()
