@@ -1,4 +1,5 @@
-"""The ``moeperf`` console script: ``moeperf compare A.json B.json``, ``moeperf report RUN.json``.
+"""The ``moeperf`` console script: ``moeperf compare A.json B.json``, ``moeperf report RUN.json``,
+``moeperf measure SPEC.yaml``.
 
 Both work outside pytest, on files written by a pytest run, so a CI step or a reviewer can re-judge
 or re-render without re-measuring.
@@ -15,6 +16,7 @@ USAGE = """usage: moeperf COMMAND ...
 commands:
   compare A.json B.json   compare two baseline files; exit 1 on a regression
   report RUN.json ...     render an HTML + Markdown report from session results files
+  measure SPEC.yaml       find a spec's SLO boundary without pytest (no baseline, no verdict)
 """
 
 
@@ -50,7 +52,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_moeperf import report_cli
 
         return report_cli.main(rest)
-    print(f"moeperf: unknown command {command!r}. Fix: use 'compare' or 'report'.", file=sys.stderr)
+    if command == "measure":
+        from pytest_moeperf import measure_cli
+
+        return measure_cli.main(rest)
+    print(f"moeperf: unknown command {command!r}. Fix: use 'compare', 'report' or 'measure'.",
+          file=sys.stderr)  # fmt: skip
     return 2
 
 

@@ -60,9 +60,12 @@ def server_version(url: str) -> str | None:
 def served_model(config: pytest.Config, url: str) -> str:
     """The model the server serves (``GET /v1/models``), or one UsageError line saying what
     answered instead: nothing, not HTTP, an HTTP error, not JSON, or no model at all."""
-    import httpx
+    return served_model_at(url, options.resolve(config, "moeperf_server_url").source)
 
-    source = options.resolve(config, "moeperf_server_url").source
+
+def served_model_at(url: str, source: str) -> str:
+    """``served_model`` for a URL given by ``source`` (an option, outside pytest too)."""
+    import httpx
 
     def fail(problem: str, fix: str) -> UsageError:
         return UsageError(source, "moeperf_server_url", url, problem, fix)

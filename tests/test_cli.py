@@ -19,16 +19,16 @@ def test_no_command_prints_usage_and_exits_2(capsys: pytest.CaptureFixture[str])
 def test_help_prints_usage_and_exits_0(flag: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([flag]) == 0
     out = capsys.readouterr().out
-    assert "compare A.json B.json" in out and "report RUN.json" in out
+    assert "compare A.json B.json" in out and "report RUN.json" in out and "measure SPEC" in out
 
 
 def test_unknown_command_names_it_and_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compre", "a.json", "b.json"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "moeperf: unknown command 'compre'. Fix: use 'compare' or 'report'."
+    assert err == "moeperf: unknown command 'compre'. Fix: use 'compare', 'report' or 'measure'."
 
 
-@pytest.mark.parametrize("command", ["compare", "report"])
+@pytest.mark.parametrize("command", ["compare", "report", "measure"])
 def test_sub_command_help_exits_0_with_its_own_prog(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
