@@ -20,7 +20,8 @@ from typing import Any
 
 from pytest_moeperf.errors import MoePerfError, UsageError
 
-EXIT_OK, EXIT_NO_BOUNDARY, EXIT_BAD_INPUT = 0, 1, 2
+#: 1: the measurement failed (the server did not start or died, or no run found a boundary)
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         runs = [driver.run(endpoint, i, f"moeperf measure: run {i + 1}/{n}") for i in range(n)]
     except (UsageError, MoePerfError) as e:
         print(f"moeperf measure: error: {e}", file=sys.stderr)
-        return EXIT_BAD_INPUT if isinstance(e, UsageError) else EXIT_NO_BOUNDARY
+        return EXIT_BAD_INPUT if isinstance(e, UsageError) else EXIT_FAILED
     finally:
         if factory is not None:
             factory.stop_all()
@@ -126,7 +127,7 @@ def _summary(spec: Any, runs: Sequence[Any]) -> int:
     if not got:
         print(f"moeperf measure: no run found an SLO boundary ({slo}): "
               + "; ".join(r.incomplete_reason or "?" for r in runs))  # fmt: skip
-        return EXIT_NO_BOUNDARY
+        return EXIT_FAILED
     each = " / ".join(f"{g:,.0f}" for g in got)
     print(f"moeperf measure: {spec.name}: {key} median {statistics.median(got):,.0f} tok/s "
           f"({each} over {len(got)} of {len(runs)} runs; SLO {slo})")  # fmt: skip
