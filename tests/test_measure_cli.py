@@ -15,7 +15,8 @@ import pytest
 from pytest_moeperf.cli import main
 from pytest_moeperf.server.process import VllmServer
 
-#: Two probes, both met under a loose SLO: the boundary is the floor at rate_max (seconds).
+#: A loose SLO and a 50 % tolerance: a few short probes find a boundary even on a busy VM (where
+#: the probe at 16 req/s may fall behind; the boundary is then below it, else the floor at it).
 SPEC = """
 name: measure-cli
 model: {path: embedded, dtype: bfloat16, max_model_len: 4096}
@@ -23,7 +24,7 @@ engine_args: {max-num-seqs: 16, enforce-eager: true}
 workload: {trace: fixed, num_requests: 8, seed: 0, input_tokens: 32, output_tokens: 8}
 arrival: {process: poisson, rate: 2.0}
 slo: {ttft_p99_ms: 20000, tpot_p99_ms: 2000}
-search: {rate_min: 8.0, rate_max: 16.0, tolerance: 0.1, max_probes: 2, probe_requests: 32}
+search: {rate_min: 8.0, rate_max: 16.0, tolerance: 0.5, max_probes: 4, probe_requests: 32}
 runs: 1
 """
 
@@ -69,11 +70,11 @@ def test_measures_a_real_server_without_pytest(
                  "--json", str(out_json)])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "moeperf measure: run 1/1 probe 2 rate 16 req/s: met" in out, out
-    assert "SLO met at search.rate_max 16 req/s" in out  # a floor, and said to be one
+    assert "moeperf measure: warmed up" in out and "moeperf measure: run 1/1 probe 1 " in out
+    assert "moeperf measure: run 1/1: SLO " in out, out  # the boundary, or a floor said so
     summary = out.strip().splitlines()[-1]
     assert summary.startswith("moeperf measure: measure-cli: slo_goodput_tok_s median "), out
     doc = json.loads(out_json.read_text())
     assert doc["spec"] == "measure-cli" and len(doc["runs"]) == 1
     run = doc["runs"][0]
-    assert run["metrics"]["slo_goodput_tok_s"] > 0 and len(run["probes"]) == 2
+    assert run["metrics"]["slo_goodput_tok_s"] > 0 and len(run["probes"]) >= 2
