@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     """Measure for parsed arguments; returns the exit status."""
     from pytest_moeperf.metrics.energy import NotMeasuredMeter, make_default_meter
     from pytest_moeperf.metrics.hardware import visible_gpus
-    from pytest_moeperf.run.driver import RunDriver, warm_levels
+    from pytest_moeperf.run.driver import RunDriver, probe_budget, warm_levels
     from pytest_moeperf.run.probe import Endpoint
     from pytest_moeperf.run.record import vocab_size
     from pytest_moeperf.server.fixture import ServerFactory
@@ -100,10 +100,8 @@ def run(args: argparse.Namespace) -> int:
             meter = make_default_meter(gpus)
             print(f"moeperf measure: vLLM ready in {server.startup_s or 0:.0f} s; MoE config: "
                   f"{server.moe_observation().summary}; log {server.config.log_path}")  # fmt: skip
-        s = spec.search  # probe sizes as the perf test's plan has them (run/measure.py)
-        probes = (s.probe_requests if s and s.probe_requests else spec.workload.num_requests) or 40
-        driver = RunDriver(spec, spec.slo, meter, vocab_size(model_dir), None, probes,
-                           s.max_probes if s else 7, say=print,
+        driver = RunDriver(spec, spec.slo, meter, vocab_size(model_dir), None,
+                           *probe_budget(spec), say=print,
                            warm=warm_levels(spec, gpu=bool(gpus)))  # fmt: skip
         driver.warm_up(endpoint, "moeperf measure")
         n = args.runs or spec.runs

@@ -72,6 +72,18 @@ def warm_levels(spec: Spec, gpu: bool) -> tuple[int, ...]:
     return tuple(sorted(levels | {min(own, spec.max_num_seqs)}))
 
 
+def probe_budget(spec: Spec, quick: bool = False) -> tuple[int, int]:
+    """(requests a probe sends at least, probes a search may make): the spec's ``search``
+    values, else the workload's size and 7; quick mode halves the first and caps the second."""
+    search = spec.search
+    requests = (search.probe_requests if search and search.probe_requests
+                else spec.workload.num_requests or 40)  # fmt: skip
+    probes = search.max_probes if search else 7
+    if quick:
+        requests, probes = max(10, requests // 2), min(probes, 4)
+    return requests, probes
+
+
 @dataclass
 class RunDriver:
     """Everything a run needs besides the endpoint; ``say`` prints one progress line."""

@@ -82,12 +82,9 @@ class PerfTest:
                              "add @pytest.mark.moeperf_spec('cpu-smoke.yaml')")  # fmt: skip
         quick = bool(s.quick.value)
         runs = 1 if quick else int(s.runs.value)  # quick mode: one run, whatever the source
-        search = spec.search
-        probe_requests = (search.probe_requests if search and search.probe_requests
-                          else spec.workload.num_requests or 40)  # fmt: skip
-        max_probes = search.max_probes if search else 7
-        if quick:
-            probe_requests, max_probes = max(10, probe_requests // 2), min(max_probes, 4)
+        from pytest_moeperf.run.driver import probe_budget
+
+        probe_requests, max_probes = probe_budget(spec, quick)
         return Plan(spec, s.slo.value, s.slo.source, runs, quick, s.moe_config.value,
                     s.accuracy.value, s.server_url.value, probe_requests,
                     max_probes)  # fmt: skip
