@@ -8,6 +8,8 @@
 # Stages:
 #   bf16 | fp8 | chat  one nightly test with --moeperf-refresh-baselines (3 runs), judged and
 #                      written in /root/moeperf-out/baselines (a copy of the committed folder)
+#   bf16r5 (r3..r9)    bf16 refreshed with that many runs (a band from 3 runs can span 2.8x);
+#                      REASON= overrides the recorded reason
 #   chat1 .. chat9     the chat-mix test with that many runs and no refresh (a short session)
 #   nightly            the whole nightly selection (every --gpu test but the A/B gate), refresh
 #   cbf16 | cfp8 | cchat  that one nightly test as CI runs it: no refresh, judged against the
@@ -37,7 +39,7 @@ env_run() {
 nightly_test() {  # name, pytest selection...
   local name=$1; shift
   env_run python3 -X faulthandler -m pytest "$@" --gpu -p no:cacheprovider -rA \
-    --moeperf-refresh-baselines --moeperf-reason "first $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) baselines of measurement v2" \
+    --moeperf-refresh-baselines --moeperf-reason "${REASON:-first $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) baselines of measurement v2}" \
     --moeperf-baseline-dir "$O/baselines" --moeperf-results "$O/results-$name.json" \
     --moeperf-report "$O/report-$name" --junitxml "$O/junit-$name.xml" \
     --moeperf-records "$O/records-$name" > "$O/pytest-$name.log" 2>&1
@@ -47,6 +49,7 @@ stage() {
   echo "$1 begin $(date -u +%T)" >> "$O/state.txt"
   case "$1" in
   bf16) nightly_test bf16 perf_tests/test_h200.py::test_h200_fixed_in_tree ;;
+  bf16r[3-9]) MOEPERF_RUNS="${1#bf16r}" nightly_test "$1" perf_tests/test_h200.py::test_h200_fixed_in_tree ;;
   fp8) nightly_test fp8 perf_tests/test_h200.py::test_h200_fixed_fp8_in_tree ;;
   chat) nightly_test chat perf_tests/test_h200.py::test_h200_chat_mix_in_tree ;;
   chat[1-9])  # N runs, no refresh: a short device session's look at chat-mix's probes
