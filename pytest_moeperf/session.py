@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from pytest_moeperf import __version__, options
+from pytest_moeperf.errors import UsageError
 
 if TYPE_CHECKING:
     from pytest_moeperf.report.model import Result
@@ -191,6 +192,7 @@ class MoePerfSession:
             return
         path = self.results_path()
         data = self.payload()
+        self._check_schema(data)
         if path is not None:
             self._write_results(path, data)  # first: nothing below may lose the measurements
         summary = options.resolve_path(self.config, "moeperf_ab_summary")
@@ -230,6 +232,19 @@ class MoePerfSession:
                 where = options.resolve(self.config, "moeperf_benchmark_json").source
                 self.warnings.append(f"pytest-benchmark JSON not written to {bench} ({where}): "
                                      f"{type(exc).__name__}: {exc}")  # fmt: skip
+
+    def _check_schema(self, data: dict[str, Any]) -> None:
+        """The file as the report and dashboards will read it (``report/schema.py``). A
+        mismatch is the plugin's own bug: said in a warning, and the file is written anyway,
+        since the measurements matter more than its shape."""
+        from pytest_moeperf.report.schema import validate
+
+        written = json.loads(json.dumps(_finite(data), default=str, allow_nan=False))
+        try:
+            validate(written, "this session's results")
+        except UsageError as e:
+            self.warnings.append(f"results file written, but it does not match its schema "
+                                 f"(docs/results.schema.json): {e}")  # fmt: skip
 
     def _write_results(self, path: Path, data: dict[str, Any]) -> None:
         """The results file, or, where ``path`` cannot be written, a fallback in the temp dir:

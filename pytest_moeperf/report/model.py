@@ -1,8 +1,9 @@
 """Read session results payloads into typed rows that the HTML and Markdown writers share.
 
 Why a separate model: both writers must say the same thing (one conclusion, one "not measured"
-rule), and a results file from an old or interrupted run lacks keys. Missing keys become None
-here, once; a key that is present with the wrong type is a UsageError naming the file and field,
+rule), and a results file from an old or interrupted run lacks keys. The file is validated by
+its pydantic schema (``report/schema.py``); missing keys become None here, once; a key present
+with the wrong type, or one the schema does not know, is a UsageError naming the file and field,
 because rendering it would show a wrong number.
 """
 
@@ -19,9 +20,15 @@ from pytest_moeperf.report.rows import Metric as Metric
 from pytest_moeperf.report.rows import Metrics as Metrics
 from pytest_moeperf.report.rows import MoeConfigProof as MoeConfigProof
 from pytest_moeperf.report.rows import VerdictRow as VerdictRow
-
-SCHEMA_VERSION = 1
-_FIX = "pass a results file written by the moeperf plugin (--moeperf-results), schema_version 1"
+from pytest_moeperf.report.schema import (
+    FIX,
+    SCHEMA_VERSION,
+    MetricEntry,
+    ResultRecord,
+    VerdictEntry,
+    validate,
+    validate_record,
+)
 
 
 @dataclass(frozen=True)
@@ -76,156 +83,64 @@ class Run:
     results: tuple[Result, ...] = field(default_factory=tuple)
 
 
-class _Reader:
-    """Type-checked access to one payload; every error names the file and the dotted field."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source
-
-    def fail(self, where: str, value: object, problem: str) -> UsageError:
-        return UsageError(self.source, where, _short(value), problem, _FIX)
-
-    def mapping(self, d: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any] | None:
-        v = d.get(key)
-        if v is None:
-            return None
-        if not isinstance(v, Mapping):
-            raise self.fail(f"{where}.{key}", v, "must be an object")
-        return v
-
-    def text(self, d: Mapping[str, Any], key: str, where: str) -> str | None:
-        v = d.get(key)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-            raise self.fail(f"{where}.{key}", v, "must be a string")
-        return str(v)
-
-    def number(self, d: Mapping[str, Any], key: str, where: str) -> float | None:
-        v = d.get(key)
-        if v is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.fail(f"{where}.{key}", v, "must be a number or null")
-        return float(v) if math.isfinite(v) else None
-
-    def items(self, d: Mapping[str, Any], key: str, where: str) -> list[Mapping[str, Any]]:
-        v = d.get(key)
-        if v is None:
-            return []
-        if not isinstance(v, list):
-            raise self.fail(f"{where}.{key}", v, "must be a list")
-        for i, x in enumerate(v):
-            if not isinstance(x, Mapping):
-                raise self.fail(f"{where}.{key}[{i}]", x, "must be an object")
-        return v
-
-    def strings(self, d: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-        v = d.get(key)
-        if v is None:
-            return ()
-        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise self.fail(f"{where}.{key}", v, "must be a list of strings")
-        return tuple(v)
+def _finite(v: float | None) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
 
 
-def _short(value: object) -> object:
-    text = repr(value)
-    return value if len(text) <= 80 else text[:77] + "..."
+def _metric(m: MetricEntry) -> Metric:
+    return Metric(runs=tuple(m.runs or ()), center=_finite(m.center), unit=m.unit or "",
+                  note=m.note)  # fmt: skip
 
 
-def _metric(r: _Reader, d: Mapping[str, Any], where: str) -> Metric:
-    runs_raw = d.get("runs") or []
-    if not isinstance(runs_raw, list) or not all(
-        isinstance(x, (int, float)) and not isinstance(x, bool) for x in runs_raw
-    ):
-        raise r.fail(f"{where}.runs", runs_raw, "must be a list of numbers")
-    return Metric(
-        runs=tuple(float(x) for x in runs_raw),
-        center=r.number(d, "center", where),
-        unit=r.text(d, "unit", where) or "",
-        note=r.text(d, "note", where),
-    )
-
-
-def _verdict(r: _Reader, d: Mapping[str, Any], where: str) -> VerdictRow:
-    band_raw = d.get("band")
-    band: tuple[float, float] | None = None
-    if band_raw is not None:
-        if (
-            not isinstance(band_raw, list)
-            or len(band_raw) != 2
-            or not all(isinstance(x, (int, float)) or x is None for x in band_raw)
-        ):
-            raise r.fail(f"{where}.band", band_raw, "must be [low, high]")
-        lo, hi = band_raw
-        if lo is not None and hi is not None and math.isfinite(lo) and math.isfinite(hi):
-            band = (float(lo), float(hi))
+def _verdict(v: VerdictEntry) -> VerdictRow:
+    lo, hi = v.band if v.band is not None else (None, None)
+    band = (lo, hi) if _finite(lo) is not None and _finite(hi) is not None else None
     return VerdictRow(
-        metric=r.text(d, "metric", where) or "?",
-        outcome=r.text(d, "outcome", where) or "n/a",
-        baseline_center=r.number(d, "baseline_center", where),
-        band=band,
-        candidate_center=r.number(d, "candidate_center", where),
-        delta_rel=r.number(d, "delta_rel", where),
-        p_value=r.number(d, "p_value", where),
-        unit=r.text(d, "unit", where) or "",
-        reason=r.text(d, "reason", where) or "",
-        advice=r.text(d, "advice", where) or "",
-        gating=bool(d.get("gating", True)),
-    )
+        metric=v.metric or "?", outcome=v.outcome or "n/a",
+        baseline_center=_finite(v.baseline_center),
+        band=band,  # type: ignore[arg-type]  # both finite floats here
+        candidate_center=_finite(v.candidate_center), delta_rel=_finite(v.delta_rel),
+        p_value=_finite(v.p_value), unit=v.unit or "", reason=v.reason or "",
+        advice=v.advice or "", gating=v.gating is not False,
+    )  # fmt: skip
 
 
-def _result(r: _Reader, d: Mapping[str, Any], where: str, run_index: int) -> Result:
-    nodeid = r.text(d, "nodeid", where)
-    if not nodeid:
-        raise r.fail(f"{where}.nodeid", d.get("nodeid"), "is missing: every result names its test")
-    moe = r.mapping(d, "moe_config", where) or {}
-    config = r.text(d, "config_label", where) or r.text(moe, "name", f"{where}.moe_config")
-    metrics_raw = r.mapping(d, "metrics", where) or {}
-    metrics: dict[str, Metric] = {}
-    for name, m in metrics_raw.items():
-        if not isinstance(m, Mapping):
-            raise r.fail(f"{where}.metrics.{name}", m, "must be an object with runs and center")
-        metrics[str(name)] = _metric(r, m, f"{where}.metrics.{name}")
-    verdicts = tuple(
-        _verdict(r, v, f"{where}.verdicts[{i}]")
-        for i, v in enumerate(r.items(d, "verdicts", where))
-    )
+def _result(d: ResultRecord, source: str, where: str, run_index: int) -> Result:
+    moe = d.moe_config.model_dump(exclude_unset=True) if d.moe_config else {}
     return Result(
-        source=r.source,
+        source=source,
         run_index=run_index,
-        nodeid=nodeid,
-        outcome=r.text(d, "outcome", where) or "unknown",
-        reasons=r.strings(d, "reasons", where),
-        config=config or "default",
-        spec=r.mapping(d, "spec", where) or {},
-        setup=r.mapping(d, "setup", where) or {},
+        nodeid=d.nodeid,
+        outcome=d.outcome or "unknown",
+        reasons=tuple(d.reasons or ()),
+        config=d.config_label or moe.get("name") or "default",
+        spec=d.spec or {},
+        setup=d.setup or {},
         moe_config=MoeConfigProof(moe),
-        metrics=Metrics(metrics),
-        verdicts=verdicts,
-        baseline=r.mapping(d, "baseline", where) or {},
-        accuracy=r.mapping(d, "accuracy", where),
-        fleet=r.mapping(d, "fleet", where),
-        search_runs=tuple(r.items(d, "search_runs", where)),
-        sweep=tuple(r.items(d, "sweep", where)),
+        metrics=Metrics({name: _metric(m) for name, m in (d.metrics or {}).items()}),
+        verdicts=tuple(_verdict(v) for v in d.verdicts or ()),
+        baseline=d.baseline.model_dump(exclude_unset=True) if d.baseline else {},
+        accuracy=d.accuracy,
+        fleet=d.fleet,
+        search_runs=tuple(d.search_runs or ()),
+        sweep=tuple(d.sweep or ()),
         hygiene=None
-        if d.get("hygiene") is None
-        else HygieneReport.from_dict(d["hygiene"], r.source, f"{where}.hygiene"),
+        if d.hygiene is None
+        else HygieneReport.from_dict(d.hygiene, source, f"{where}.hygiene"),
     )
 
 
 def parse_result(record: Mapping[str, Any], source: str) -> Result:
     """One result record (as the plugin writes it into ``results``) as the typed ``Result``:
     the same model the report reads, so a perf test and the report see the same fields."""
-    return _result(_Reader(source), record, "result", 0)
+    return _result(validate_record(record, source), source, "result", 0)
 
 
 def parse_payload(payload: object, source: str, run_index: int = 0) -> Run:
     """Validate one results payload; raises UsageError naming ``source`` and the bad field."""
-    r = _Reader(source)
     if not isinstance(payload, Mapping):
-        raise r.fail("(top level)", type(payload).__name__, "must be a JSON object")
+        raise UsageError(source, "(top level)", type(payload).__name__,
+                         "must be a JSON object", FIX)  # fmt: skip
     version = payload.get("schema_version")
     if version is not None and (
         isinstance(version, bool) or not isinstance(version, int) or version > SCHEMA_VERSION
@@ -237,21 +152,18 @@ def parse_payload(payload: object, source: str, run_index: int = 0) -> Run:
             f"this report reads schema_version <= {SCHEMA_VERSION}",
             "upgrade pytest-moeperf to the version that wrote the file",
         )
-    if "results" not in payload:
-        raise r.fail("results", None, "is missing: not a moeperf session results file")
-    results = tuple(
-        _result(r, d, f"results[{i}]", run_index)
-        for i, d in enumerate(r.items(payload, "results", "(top level)"))
-    )
+    f = validate(payload, source)
     return Run(
         source=source,
-        command=r.text(payload, "command", "(top level)"),
-        quick=bool(payload.get("quick", False)),
-        started=r.number(payload, "started", "(top level)"),
-        finished=r.number(payload, "finished", "(top level)"),
-        plugin_version=r.text(payload, "plugin_version", "(top level)"),
-        warnings=r.strings(payload, "warnings", "(top level)"),
-        results=results,
+        command=f.command,
+        quick=bool(f.quick),
+        started=_finite(f.started),
+        finished=_finite(f.finished),
+        plugin_version=f.plugin_version,
+        warnings=tuple(f.warnings or ()),
+        results=tuple(
+            _result(d, source, f"results[{i}]", run_index) for i, d in enumerate(f.results)
+        ),
     )
 
 
