@@ -70,13 +70,20 @@ def test_a_misspelt_field_is_one_error_naming_it(sample: dict[str, Any]) -> None
         parse_payload(sample, "night.json")
     text = str(e.value)
     assert text.startswith("night.json: results[0].metrics.mbu.centre = 0.4: is not a field")
-    assert "Fix: " in text and "\n" not in text
+    assert text.endswith("Fix: correct or remove it; the fields here are center, note, runs, unit")
+    assert "\n" not in text
 
 
 def test_an_unknown_top_level_key_in_a_result_is_named(sample: dict[str, Any]) -> None:
     sample["results"][0]["goodput"] = 1.0
-    with pytest.raises(UsageError, match=r"results\[0\]\.goodput = 1\.0: is not a field"):
+    with pytest.raises(UsageError, match=r"results\[0\]\.goodput = 1\.0: is not a field") as e:
         parse_payload(sample, "night.json")
+    assert "the fields here are ab, accuracy, baseline, config_label" in e.value.fix
+    sample["results"][0].pop("goodput")
+    sample["results"][0]["moe_config"]["laoded"] = []
+    with pytest.raises(UsageError, match=r"moe_config\.laoded = \[\]: is not a field") as e:
+        parse_payload(sample, "night.json")
+    assert e.value.fix.endswith("check, file, hash, loaded, name, source")
 
 
 def test_free_form_blocks_keep_their_keys(sample: dict[str, Any]) -> None:

@@ -13,7 +13,8 @@ number or null. Fix: ...``: :func:`usage_error` turns pydantic's first error int
 from __future__ import annotations
 
 import json
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -147,6 +148,7 @@ def usage_error(err: ValidationError, data: object, source: str, top: str = "") 
     first = err.errors(include_url=False)[0]
     loc = list(first["loc"])
     kind = first["type"]
+    fix = FIX
     if kind in _SCALAR_TYPES and len(loc) >= 2 and isinstance(loc[-1], int):
         loc = loc[:-1]  # "runs = [1.0, 'fast']: must be a list of numbers", not "runs[1]"
     parent = loc[-2] if len(loc) >= 2 else None
@@ -156,6 +158,8 @@ def usage_error(err: ValidationError, data: object, source: str, top: str = "") 
                                       str(loc[-1]), "")  # fmt: skip
     elif kind == "extra_forbidden":
         problem = "is not a field of a moeperf results file (a typo, or a newer plugin's field)"
+        known = _fields_at(ResultRecord if top else ResultsFile, loc[:-1])
+        fix = f"correct or remove it; the fields here are {', '.join(known)}" if known else FIX
     elif isinstance(loc[-1], str) and loc[-1] in _LIST_WORDS:
         problem = _LIST_WORDS[loc[-1]]
     elif kind in {"model_type", "dict_type", "model_attributes_type"}:
@@ -173,7 +177,30 @@ def usage_error(err: ValidationError, data: object, source: str, top: str = "") 
         problem = str(first["msg"])
     where = _dotted(loc, top, missing=kind == "missing")
     value = None if kind == "missing" else _short(_at(data, loc))
-    return UsageError(source, where, value, problem, FIX)
+    return UsageError(source, where, value, problem, fix)
+
+
+def _fields_at(model: type[BaseModel], loc: list[Any]) -> list[str]:
+    """The field names of the model at ``loc`` (list indexes and dict keys stepped through)."""
+    kind: Any = model
+    for part in loc:
+        while get_origin(kind) in (UnionType, Union):  # X | None: the X
+            kind = next(a for a in get_args(kind) if a is not type(None))
+        if isinstance(kind, type) and issubclass(kind, BaseModel) and isinstance(part, str):
+            field = kind.model_fields.get(part)
+            if field is None:
+                return []
+            kind = field.annotation
+        elif get_origin(kind) is list and isinstance(part, int):
+            kind = get_args(kind)[0]
+        elif get_origin(kind) is dict and isinstance(part, str):
+            kind = get_args(kind)[1]
+        else:
+            return []
+    while get_origin(kind) in (UnionType, Union):
+        kind = next(a for a in get_args(kind) if a is not type(None))
+    ok = isinstance(kind, type) and issubclass(kind, BaseModel)
+    return sorted(kind.model_fields) if ok else []
 
 
 def _dotted(loc: list[Any], top: str, *, missing: bool) -> str:
