@@ -34,8 +34,9 @@ def pytest_moeperf_server_command(config: pytest.Config, command: list[str]) -> 
 
 
 def pytest_moeperf_result(config: pytest.Config, nodeid: str, result: dict[str, Any]) -> None:
-    """Called once per perf test with its result record (as written to the results JSON),
-    after the test body: its ``outcome`` is the test's, a body failing after ``run()`` included.
+    """Called once per perf test with its result record (as written to the results JSON, whose
+    shape ``docs/results.schema.json`` gives), after the test body: its ``outcome`` is the
+    test's, a body failing after ``run()`` included.
     (A run interrupted by Ctrl-C or SIGTERM is reported at once, as "partial".)"""
 
 
