@@ -1,5 +1,5 @@
 """The ``moeperf`` console script: ``moeperf compare A.json B.json``, ``moeperf report RUN.json``,
-``moeperf measure SPEC.yaml``.
+``moeperf measure SPEC.yaml``, ``moeperf schema``.
 
 Both work outside pytest, on files written by a pytest run, so a CI step or a reviewer can re-judge
 or re-render without re-measuring.
@@ -17,6 +17,7 @@ commands:
   compare A.json B.json   compare two baseline files; exit 1 on a regression
   report RUN.json ...     render an HTML + Markdown report from session results files
   measure SPEC.yaml       find a spec's SLO boundary without pytest (no baseline, no verdict)
+  schema                  print the JSON Schema of a results file (docs/results.schema.json)
 """
 
 
@@ -56,9 +57,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         from pytest_moeperf import measure_cli
 
         return measure_cli.main(rest)
-    print(f"moeperf: unknown command {command!r}. Fix: use 'compare', 'report' or 'measure'.",
-          file=sys.stderr)  # fmt: skip
+    if command == "schema":
+        return parse_then_run("moeperf schema", "Print the JSON Schema of a session results "
+                              "file (--moeperf-results), as docs/results.schema.json holds it.",
+                              lambda parser: None, _print_schema, rest)  # fmt: skip
+    print(f"moeperf: unknown command {command!r}. Fix: use 'compare', 'report', 'measure' or "
+          "'schema'.", file=sys.stderr)  # fmt: skip
     return 2
+
+
+def _print_schema(args: argparse.Namespace) -> int:
+    from pytest_moeperf.report.schema import json_schema
+
+    print(json_schema(), end="")
+    return 0
 
 
 if __name__ == "__main__":

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from pytest_moeperf.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_no_command_prints_usage_and_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -20,15 +23,18 @@ def test_help_prints_usage_and_exits_0(flag: str, capsys: pytest.CaptureFixture[
     assert main([flag]) == 0
     out = capsys.readouterr().out
     assert "compare A.json B.json" in out and "report RUN.json" in out and "measure SPEC" in out
+    assert "schema  " in out
 
 
 def test_unknown_command_names_it_and_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compre", "a.json", "b.json"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "moeperf: unknown command 'compre'. Fix: use 'compare', 'report' or 'measure'."
+    assert err == (
+        "moeperf: unknown command 'compre'. Fix: use 'compare', 'report', 'measure' or 'schema'."
+    )
 
 
-@pytest.mark.parametrize("command", ["compare", "report", "measure"])
+@pytest.mark.parametrize("command", ["compare", "report", "measure", "schema"])
 def test_sub_command_help_exits_0_with_its_own_prog(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -59,3 +65,12 @@ def test_console_script_module_runs() -> None:
     done = subprocess.run([sys.executable, "-m", "pytest_moeperf.cli", "--help"],
                           capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0 and "usage: moeperf COMMAND" in done.stdout
+
+
+def test_schema_prints_the_published_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    """``moeperf schema`` is docs/results.schema.json, for a dashboard to validate against."""
+    assert main(["schema"]) == 0
+    out = capsys.readouterr().out
+    assert out == (ROOT / "docs" / "results.schema.json").read_text()
+    assert main(["schema", "extra"]) == 2
+    assert "moeperf schema: error: unrecognized arguments: extra" in capsys.readouterr().err
