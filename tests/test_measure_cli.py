@@ -76,5 +76,7 @@ def test_measures_a_real_server_without_pytest(
     assert summary.startswith("moeperf measure: measure-cli: slo_goodput_tok_s median "), out
     doc = json.loads(out_json.read_text())
     assert doc["spec"] == "measure-cli" and len(doc["runs"]) == 1
-    run = doc["runs"][0]
-    assert run["metrics"]["slo_goodput_tok_s"] > 0 and len(run["probes"]) >= 2
+    run, probes = doc["runs"][0], doc["runs"][0]["probes"]
+    assert run["metrics"]["slo_goodput_tok_s"] > 0 and probes
+    if len(probes) == 1:  # met at rate_max at once (a fast moment of the VM): the floor
+        assert probes[0]["met"] and probes[0]["rate"] == 16.0, probes[0]
