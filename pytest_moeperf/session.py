@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,12 +23,11 @@ import pytest
 
 from pytest_moeperf import __version__, options
 from pytest_moeperf.errors import UsageError
+from pytest_moeperf.report import RESULTS_SCHEMA_VERSION
 
 if TYPE_CHECKING:
     from pytest_moeperf.report.model import Result
     from pytest_moeperf.report.rows import Metrics, MoeConfigProof, VerdictRow
-
-RESULTS_SCHEMA = 1
 
 
 @dataclass
@@ -47,24 +47,30 @@ class PerfResult:
     @property
     def record(self) -> Result:
         """This result as the typed model the report reads, parsed from what is written (so a
-        perf test, the results file and the report cannot disagree)."""
+        perf test, the results file and the report cannot disagree). Parsed on each access: a
+        deferred refresh (``pending``) still changes the outcome and the baseline block."""
         from pytest_moeperf.report.model import parse_result
 
         return parse_result(self.to_dict(), f"the result of {self.nodeid}")
 
+    @cached_property
+    def _measured(self) -> Result:
+        """The record for the parts fixed once ``run()`` returned: metrics, config, verdicts."""
+        return self.record
+
     @property
     def metrics(self) -> Metrics:
         """``result.metrics.slo_goodput_tok_s.center``: runs, center, unit and note."""
-        return self.record.metrics
+        return self._measured.metrics
 
     @property
     def moe_config(self) -> MoeConfigProof:
         """The MoE config served and its proof (``loaded`` files, ``check`` line)."""
-        return self.record.moe_config
+        return self._measured.moe_config
 
     @property
     def verdicts(self) -> tuple[VerdictRow, ...]:
-        return self.record.verdicts
+        return self._measured.verdicts
 
 
 class MoePerfSession:
@@ -177,7 +183,7 @@ class MoePerfSession:
 
     def payload(self) -> dict[str, Any]:
         return {
-            "schema_version": RESULTS_SCHEMA,
+            "schema_version": RESULTS_SCHEMA_VERSION,
             "plugin_version": __version__,
             "started": self.started,
             "finished": time.time(),

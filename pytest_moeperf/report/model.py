@@ -16,13 +16,13 @@ from typing import Any
 
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.hygiene.model import HygieneReport
+from pytest_moeperf.report import RESULTS_SCHEMA_VERSION as SCHEMA_VERSION
 from pytest_moeperf.report.rows import Metric as Metric
 from pytest_moeperf.report.rows import Metrics as Metrics
 from pytest_moeperf.report.rows import MoeConfigProof as MoeConfigProof
 from pytest_moeperf.report.rows import VerdictRow as VerdictRow
 from pytest_moeperf.report.schema import (
     FIX,
-    SCHEMA_VERSION,
     MetricEntry,
     ResultRecord,
     VerdictEntry,

@@ -19,9 +19,12 @@ from typing import Any, Union, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pytest_moeperf.errors import UsageError
+from pytest_moeperf.report import RESULTS_SCHEMA_VERSION as SCHEMA_VERSION
 
-SCHEMA_VERSION = 1
-FIX = "pass a results file written by the moeperf plugin (--moeperf-results), schema_version 1"
+FIX = (
+    "pass a results file written by the moeperf plugin (--moeperf-results), "
+    f"schema_version {SCHEMA_VERSION}"
+)
 
 Number = float | None  # JSON numbers; strict: a string or a bool is refused, not converted
 FreeForm = dict[str, Any]
@@ -184,8 +187,7 @@ def _fields_at(model: type[BaseModel], loc: list[Any]) -> list[str]:
     """The field names of the model at ``loc`` (list indexes and dict keys stepped through)."""
     kind: Any = model
     for part in loc:
-        while get_origin(kind) in (UnionType, Union):  # X | None: the X
-            kind = next(a for a in get_args(kind) if a is not type(None))
+        kind = _unwrap(kind)
         if isinstance(kind, type) and issubclass(kind, BaseModel) and isinstance(part, str):
             field = kind.model_fields.get(part)
             if field is None:
@@ -197,10 +199,16 @@ def _fields_at(model: type[BaseModel], loc: list[Any]) -> list[str]:
             kind = get_args(kind)[1]
         else:
             return []
-    while get_origin(kind) in (UnionType, Union):
-        kind = next(a for a in get_args(kind) if a is not type(None))
+    kind = _unwrap(kind)
     ok = isinstance(kind, type) and issubclass(kind, BaseModel)
     return sorted(kind.model_fields) if ok else []
+
+
+def _unwrap(kind: Any) -> Any:
+    """``X | None``: the X (every optional field here has one other type)."""
+    while get_origin(kind) in (UnionType, Union):
+        kind = next(a for a in get_args(kind) if a is not type(None))
+    return kind
 
 
 def _dotted(loc: list[Any], top: str, *, missing: bool) -> str:
@@ -233,7 +241,7 @@ def _short(value: object) -> object:
 def json_schema() -> str:
     """The JSON Schema of a results file, as committed in ``docs/results.schema.json``."""
     schema = ResultsFile.model_json_schema()
-    schema["title"] = "moeperf results file, schema_version 1"
+    schema["title"] = f"moeperf results file, schema_version {SCHEMA_VERSION}"
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 
 
