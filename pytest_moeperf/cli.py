@@ -17,7 +17,8 @@ commands:
   compare A.json B.json   compare two baseline files; exit 1 on a regression
   report RUN.json ...     render an HTML + Markdown report from session results files
   measure SPEC.yaml       find a spec's SLO boundary without pytest (no baseline, no verdict)
-  schema                  print the JSON Schema of a results file (docs/results.schema.json)
+  schema [baseline]       print the JSON Schema of a results file (docs/results.schema.json),
+                          or of a baseline file (docs/baseline.schema.json)
 """
 
 
@@ -59,15 +60,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return measure_cli.main(rest)
     if command == "schema":
         return parse_then_run("moeperf schema", "Print the JSON Schema of a session results "
-                              "file (--moeperf-results), as docs/results.schema.json holds it.",
-                              lambda parser: None, _print_schema, rest)  # fmt: skip
+                              "file (--moeperf-results; docs/results.schema.json) or of a "
+                              "baseline file (docs/baseline.schema.json).",
+                              _schema_arguments, _print_schema, rest)  # fmt: skip
     print(f"moeperf: unknown command {command!r}. Fix: use 'compare', 'report', 'measure' or "
           "'schema'.", file=sys.stderr)  # fmt: skip
     return 2
 
 
+def _schema_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", nargs="?", choices=("results", "baseline"), default="results",
+                        help="which file's schema (default: results)")  # fmt: skip
+
+
 def _print_schema(args: argparse.Namespace) -> int:
-    from pytest_moeperf.report.schema import json_schema
+    if args.file == "baseline":
+        from pytest_moeperf.baseline.schema import json_schema
+    else:
+        from pytest_moeperf.report.schema import json_schema
 
     print(json_schema(), end="")
     return 0

@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_moeperf.errors import UsageError
+if TYPE_CHECKING:
+    from pytest_moeperf.baseline.schema import CalibrationEntry
 
 #: Bumped whenever the micro-benchmark changes: figures of another method do not compare.
 METHOD_VERSION = 1
@@ -50,7 +51,6 @@ GEMM_N = 1024
 COPY_BYTES = 64 * 2**20
 REPEATS = 30
 MIN_REPEAT_S = 0.01
-_RERECORD = "restore the file from git or re-record the baseline"
 #: (best rates, best-over-median spreads, threads) of one session's host measurement
 _HostFigures = tuple[dict[str, float], dict[str, float], int]
 
@@ -72,21 +72,13 @@ class Calibration:
     @classmethod
     def from_dict(cls, d: object, *, source: str) -> Calibration:
         """Validate the ``key.calibration`` object of a baseline file."""
-        if not isinstance(d, dict):
-            raise UsageError(source, "key.calibration", d, "must be an object or null", _RERECORD)
-        version, threads = d.get("version"), d.get("threads")
-        for name, v in (("version", version), ("threads", threads)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise UsageError(source, f"key.calibration.{name}", v,
-                                 "must be a positive integer", _RERECORD)  # fmt: skip
-        figures = _numbers(d.get("figures"), source, "figures")
-        spread = _numbers(d.get("spread", {}), source, "spread")
-        gpus = d.get("gpus", [])
-        if not isinstance(gpus, list) or not all(isinstance(g, dict) for g in gpus):
-            raise UsageError(source, "key.calibration.gpus", gpus, "must be a list of objects",
-                             _RERECORD)  # fmt: skip
-        assert isinstance(version, int) and isinstance(threads, int)
-        return cls(figures, threads, tuple(gpus), spread, version)
+        from pytest_moeperf.baseline.schema import CalibrationEntry, validate
+
+        return cls.from_entry(validate(CalibrationEntry, d, source))
+
+    @classmethod
+    def from_entry(cls, e: CalibrationEntry) -> Calibration:
+        return cls(dict(e.figures), e.threads, tuple(e.gpus), dict(e.spread), e.version)
 
     def summary(self) -> str:
         """ "GEMM 41.2 GFLOP/s, copy 9.81 GB/s (1 thread)" (plus the GPU's power limit)."""
@@ -98,18 +90,6 @@ class Calibration:
         if limits and all(isinstance(x, int | float) for x in limits):
             text += f", GPU power limit {'/'.join(_num(float(x or 0)) for x in limits)} W"
         return text
-
-
-def _numbers(d: object, source: str, name: str) -> dict[str, float]:
-    ok = isinstance(d, dict) and all(
-        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-        for v in d.values()
-    )
-    if not ok:
-        raise UsageError(source, f"key.calibration.{name}", d,
-                         "must map names to finite numbers >= 0", _RERECORD)  # fmt: skip
-    assert isinstance(d, dict)
-    return {str(k): float(v) for k, v in d.items()}
 
 
 def _num(x: float) -> str:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from pytest_moeperf.baseline.calibration import Calibration
-from pytest_moeperf.errors import UsageError
+
+if TYPE_CHECKING:
+    from pytest_moeperf.baseline.schema import KeyEntry
 
 HARDWARE_FIELDS: tuple[str, ...] = ("backend", "gpu_name", "gpu_count", "driver", "cuda")
 SOFTWARE_FIELDS: tuple[str, ...] = (
@@ -69,37 +71,16 @@ class BaselineKey:
     @classmethod
     def from_dict(cls, d: object, *, source: str = "baseline key") -> BaselineKey:
         """Build a key from JSON, naming the bad or missing field in a UsageError."""
-        if not isinstance(d, dict):
-            raise UsageError(source, "key", d, "must be a JSON object", "rewrite the baseline")
-        names = [f.name for f in fields(cls) if f.name != "calibration"]
-        missing = [n for n in names if n not in d]
-        if missing:
-            raise UsageError(
-                source,
-                "key",
-                sorted(d),
-                f"misses field(s) {', '.join(missing)}",
-                "re-record the baseline (--moeperf-update-baseline) or add the fields",
-            )
-        values: dict[str, Any] = {}
-        for n in names:
-            v = d[n]
-            want_int = n in _INT_FIELDS
-            ok = (
-                (isinstance(v, int) and not isinstance(v, bool)) if want_int else isinstance(v, str)
-            )
-            if not ok:
-                raise UsageError(
-                    source,
-                    f"key.{n}",
-                    v,
-                    f"must be {'an integer' if want_int else 'a string'}",
-                    "fix the field or re-record the baseline",
-                )
-            values[n] = v
-        cal = d.get("calibration")  # absent or null: an older file, or a remote server's
-        calibration = None if cal is None else Calibration.from_dict(cal, source=source)
-        return cls(**values, calibration=calibration)
+        from pytest_moeperf.baseline.schema import KeyEntry, validate
+
+        return cls.from_entry(validate(KeyEntry, d, source))
+
+    @classmethod
+    def from_entry(cls, entry: KeyEntry) -> BaselineKey:
+        """The key of a validated file (``baseline/schema.py``)."""
+        cal = entry.calibration
+        values = entry.model_dump(exclude={"calibration"})
+        return cls(**values, calibration=None if cal is None else Calibration.from_entry(cal))
 
     def digest(self) -> str:
         """Stable hash of every field; the same setup gives the same digest on any machine."""

@@ -69,14 +69,9 @@ class Provenance:
 
     @classmethod
     def from_dict(cls, d: object, *, source: str) -> Provenance:
-        obj = _require_object(d, source, "provenance")
-        _require_fields(obj, [f.name for f in fields(cls)], source, "provenance")
-        for name in (f.name for f in fields(cls)):
-            if not isinstance(obj[name], str):
-                raise UsageError(
-                    source, f"provenance.{name}", obj[name], "must be a string", _RERECORD
-                )
-        return cls(**{f.name: obj[f.name] for f in fields(cls)})
+        from pytest_moeperf.baseline.schema import ProvenanceEntry, validate
+
+        return cls(**validate(ProvenanceEntry, d, source).model_dump())
 
 
 def _git_commit(cwd: Path | None) -> str:
@@ -150,18 +145,16 @@ class Baseline:
 
     @classmethod
     def from_dict(cls, d: object, *, source: str) -> Baseline:
-        """Validate a parsed file; every problem is a UsageError naming ``source`` and field."""
-        obj = _require_object(d, source, "top level")
-        version = obj.get("schema_version")
-        if version is None:
+        """Validate a parsed file (``baseline/schema.py``); every problem is a UsageError
+        naming ``source`` and the field."""
+        from pytest_moeperf.baseline.schema import BaselineFile, validate
+
+        version = d.get("schema_version") if isinstance(d, dict) else None
+        if isinstance(d, dict) and version is None:
             raise UsageError(
                 source, "schema_version", None, "is missing (not a moeperf baseline?)", _RERECORD
             )
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise UsageError(
-                source, "schema_version", version, "must be a positive integer", _RERECORD
-            )
-        if version > SCHEMA_VERSION:
+        if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
             raise UsageError(
                 source,
                 "schema_version",
@@ -169,44 +162,16 @@ class Baseline:
                 f"was written by a newer pytest-moeperf (this one reads schema {SCHEMA_VERSION})",
                 "upgrade the plugin: pip install -U pytest-moeperf",
             )
-        names = ["test_id", "key", "metrics", "runs", "accuracy", "provenance"]
-        _require_fields(obj, names, source, "baseline")
-        if not isinstance(obj["test_id"], str):
-            raise UsageError(source, "test_id", obj["test_id"], "must be a string", _RERECORD)
-        metrics = _check_metrics(obj["metrics"], source)
-        runs = obj["runs"]
-        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
-            raise UsageError(source, "runs", runs, "must be a list of objects", _RERECORD)
-        accuracy = obj["accuracy"]
-        if accuracy is not None and not isinstance(accuracy, dict):
-            raise UsageError(source, "accuracy", accuracy, "must be an object or null", _RERECORD)
+        m = validate(BaselineFile, d, source)
         return cls(
-            test_id=obj["test_id"],
-            key=BaselineKey.from_dict(obj["key"], source=source),
-            metrics=metrics,
-            runs=runs,
-            provenance=Provenance.from_dict(obj["provenance"], source=source),
-            accuracy=accuracy,
-            schema_version=version,
-            extra={k: v for k, v in obj.items() if k not in {*names, "schema_version"}},
-        )
-
-
-def _require_object(d: object, source: str, what: str) -> dict[str, Any]:
-    if not isinstance(d, dict):
-        raise UsageError(source, what, type(d).__name__, "must be a JSON object", _RERECORD)
-    return d
-
-
-def _require_fields(obj: dict[str, Any], names: list[str], source: str, what: str) -> None:
-    missing = [n for n in names if n not in obj]
-    if missing:
-        raise UsageError(
-            source,
-            what,
-            sorted(obj),
-            f"misses field(s) {', '.join(missing)}",
-            _RERECORD,
+            test_id=m.test_id,
+            key=BaselineKey.from_entry(m.key),
+            metrics=_check_metrics(m.metrics, source),  # runs in each, a gated metric
+            runs=m.runs,
+            provenance=Provenance(**m.provenance.model_dump()),
+            accuracy=m.accuracy,
+            schema_version=m.schema_version,
+            extra=dict(m.model_extra or {}),
         )
 
 
