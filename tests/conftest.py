@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy  # noqa: F401  (see below)
 import pytest
-import shared_server_sched
 
 from pytest_moeperf.server.process import VllmServer
 
@@ -64,17 +63,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     users = {item.path for item in items if _uses_shared_server(item)}
     items.sort(key=lambda item: item.path not in users)  # stable: module order is kept
     _SHARED.last_user = next((i for i in reversed(items) if _uses_shared_server(i)), None)
-    shared_server_sched.write_users([i.nodeid for i in items if _uses_shared_server(i)])
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    shared_server_sched.on_controller_configure(config)
-
-
-@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: xdist may be absent
-def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Under xdist one worker runs every ``cpu_server`` test (``shared_server_sched`` says why)."""
-    return shared_server_sched.make_scheduler(config, log)
 
 
 class _Shared:
