@@ -28,7 +28,6 @@ SOFTWARE_FIELDS: tuple[str, ...] = (
     "spec_hash",
     "moe_config_hash",
 )
-_INT_FIELDS = frozenset({"gpu_count", "tp", "dp"})
 _NAMED = (*HARDWARE_FIELDS, *SOFTWARE_FIELDS)
 
 

@@ -118,14 +118,13 @@ _OBJECTS: dict[type[BaseModel], tuple[str, str]] = {
 
 def validate(model: type[M], data: object, source: str) -> M:
     """``data`` as ``model``, or the one-line UsageError for its first problem."""
-    where, fix = _OBJECTS[model]
-    if not isinstance(data, dict):
-        value = type(data).__name__ if model is BaselineFile else data
-        what = "top level" if model is BaselineFile else where
-        fix = "rewrite the baseline" if model is KeyEntry else fix
-        problem = "must be an object or null" if model is CalibrationEntry else (
-            "must be a JSON object")  # fmt: skip
-        raise UsageError(source, what, value, problem, fix)
+    if not isinstance(data, dict):  # the object's own rule, as when it sits in a file
+        if model is BaselineFile:
+            raise UsageError(source, "top level", type(data).__name__, "must be a JSON object",
+                             RERECORD)  # fmt: skip
+        where = _OBJECTS[model][0]
+        problem, fix = _RULES[where.rsplit(".", 1)[-1]]
+        raise UsageError(source, where, data, problem, fix)
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -155,7 +154,7 @@ def _usage_error(model: type[BaseModel], data: dict[str, Any], e: ValidationErro
     head = [str(p) for p in loc[: len(parent) + 1]]
     name = head[-1]
     field = prefix + ".".join(head)
-    value = obj.get(name) if isinstance(obj, dict) else None
+    value = obj.get(name)
     if name in _RULES and not (name == "metrics" and len(loc) > 1):
         problem, fix = _RULES[name]
         return UsageError(source, field, value, problem, fix)
