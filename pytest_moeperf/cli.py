@@ -17,8 +17,9 @@ commands:
   compare A.json B.json   compare two baseline files; exit 1 on a regression
   report RUN.json ...     render an HTML + Markdown report from session results files
   measure SPEC.yaml       find a spec's SLO boundary without pytest (no baseline, no verdict)
-  schema [baseline]       print the JSON Schema of a results file (docs/results.schema.json),
-                          or of a baseline file (docs/baseline.schema.json)
+  schema [baseline|spec]  print the JSON Schema of a results file (docs/results.schema.json),
+                          a baseline file (docs/baseline.schema.json) or a spec file
+                          (docs/spec.schema.json)
 """
 
 
@@ -60,8 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return measure_cli.main(rest)
     if command == "schema":
         return parse_then_run("moeperf schema", "Print the JSON Schema of a session results "
-                              "file (--moeperf-results; docs/results.schema.json) or of a "
-                              "baseline file (docs/baseline.schema.json).",
+                              "file (--moeperf-results; docs/results.schema.json), of a "
+                              "baseline file (docs/baseline.schema.json) or of a spec file "
+                              "(docs/spec.schema.json).",
                               _schema_arguments, _print_schema, rest)  # fmt: skip
     print(f"moeperf: unknown command {command!r}. Fix: use 'compare', 'report', 'measure' or "
           "'schema'.", file=sys.stderr)  # fmt: skip
@@ -69,13 +71,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _schema_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", nargs="?", choices=("results", "baseline"), default="results",
-                        help="which file's schema (default: results)")  # fmt: skip
+    parser.add_argument("file", nargs="?", choices=("results", "baseline", "spec"),
+                        default="results", help="which file's schema")  # fmt: skip
 
 
 def _print_schema(args: argparse.Namespace) -> int:
     if args.file == "baseline":
         from pytest_moeperf.baseline.schema import json_schema
+    elif args.file == "spec":
+        from pytest_moeperf.spec.schema import json_schema
     else:
         from pytest_moeperf.report.schema import json_schema
 

@@ -23,7 +23,7 @@ def test_help_prints_usage_and_exits_0(flag: str, capsys: pytest.CaptureFixture[
     assert main([flag]) == 0
     out = capsys.readouterr().out
     assert "compare A.json B.json" in out and "report RUN.json" in out and "measure SPEC" in out
-    assert "schema [baseline]  " in out
+    assert "schema [baseline|spec]  " in out
 
 
 def test_unknown_command_names_it_and_the_fix(capsys: pytest.CaptureFixture[str]) -> None:
@@ -75,6 +75,9 @@ def test_schema_prints_the_published_schema(capsys: pytest.CaptureFixture[str]) 
     assert main(["schema", "baseline"]) == 0
     out = capsys.readouterr().out
     assert out == (ROOT / "docs" / "baseline.schema.json").read_text()
+    assert main(["schema", "spec"]) == 0
+    out = capsys.readouterr().out
+    assert out == (ROOT / "docs" / "spec.schema.json").read_text()
     assert main(["schema", "extra"]) == 2
     assert "moeperf schema: error: argument file: invalid choice: 'extra'" in (
         capsys.readouterr().err

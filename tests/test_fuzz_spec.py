@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 
 from pytest_moeperf.errors import MoePerfError
 from pytest_moeperf.spec import _yaml
-from pytest_moeperf.spec.loader import (
+from pytest_moeperf.spec.loader import load_spec_text
+from pytest_moeperf.spec.model import Spec
+from pytest_moeperf.spec.schema import (
     ARRIVAL_FIELDS,
     MODEL_FIELDS,
     PARALLEL_FIELDS,
@@ -27,9 +29,7 @@ from pytest_moeperf.spec.loader import (
     TOP_FIELDS,
     WINDOW_FIELDS,
     WORKLOAD_FIELDS,
-    load_spec_text,
 )
-from pytest_moeperf.spec.model import Spec
 
 MAX_PEAK_BYTES = 64 * 2**20  # a spec is a few KB; 64 MB of Python objects is a leak
 MAX_SECONDS = 5.0

@@ -1,25 +1,22 @@
-"""Field checks for the spec loader: each one fails pointing at the file, line and field.
+"""Where each field of a spec sits, and errors that point at it: file, line, dotted field.
 
-Split from ``loader`` so the loader reads as the spec's schema, section by section.
+Shared by the schema's type errors (``schema``) and the loader's rules across fields.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
-from collections.abc import Sequence
 from decimal import Decimal
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import yaml
 
 from pytest_moeperf.errors import UsageError
 
 FieldPath = tuple[str, ...]
-MISSING: Any = object()
 
-_YAML11 = (
+YAML11 = (
     "PyYAML (YAML 1.1) reads it as a string, not a number: its floats need a dot and a signed "
     "exponent (`1e3` and `1.0e3` are strings, `1.0e+3` is 1000.0)"
 )
@@ -66,120 +63,6 @@ class FieldCtx:
     def fail(self, path: FieldPath, value: object, problem: str, fix: str) -> NoReturn:
         where = f"{self.source}:{self.line(path)}"
         raise short_error(where, dotted(path), value, problem, fix)
-
-    def mapping(self, value: object, path: FieldPath, allowed: Sequence[str]) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            what = "the spec" if not path else f"`{'.'.join(path)}`"
-            self.fail(
-                path, value, f"{what} must be a mapping", f"write {what} as `key: value` lines"
-            )
-        for key in value:
-            if not isinstance(key, str) or key not in allowed:
-                close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
-                hint = f"did you mean `{close[0]}`?" if close else "remove it"
-                self.fail(
-                    (*path, str(key)),
-                    key,
-                    "unknown field",
-                    f"{hint} Known fields here: {', '.join(allowed)}",
-                )
-        return value
-
-    def get(self, m: dict[str, Any], path: FieldPath, key: str, default: Any) -> Any:
-        value = m.get(key)
-        if value is None:
-            if default is MISSING:
-                section = ".".join(path) or "the top level"
-                self.fail(
-                    (*path, key), None, "missing required field", f"add `{key}:` to {section}"
-                )
-            return default
-        return value
-
-    def int_(
-        self,
-        m: dict[str, Any],
-        path: FieldPath,
-        key: str,
-        default: Any = MISSING,
-        minimum: int = 1,
-    ) -> Any:
-        value = self.get(m, path, key, default)
-        if value is default and default is not MISSING:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int):
-            number = yaml_string_number(value)
-            if number is not None and number.is_integer():
-                self.fail((*path, key), value, f"must be an integer; {_YAML11}",
-                          f"write `{int(number)}`")  # fmt: skip
-            self.fail(
-                (*path, key), value, "must be an integer", f"write a whole number >= {minimum}"
-            )
-        if value < minimum:
-            self.fail((*path, key), value, f"must be >= {minimum}", f"use a value >= {minimum}")
-        return value
-
-    def num(
-        self,
-        m: dict[str, Any],
-        path: FieldPath,
-        key: str,
-        default: Any = MISSING,
-        *,
-        low: float = 0.0,
-        low_inclusive: bool = False,
-        high: float = math.inf,
-    ) -> Any:
-        value = self.get(m, path, key, default)
-        if value is default and default is not MISSING:
-            return value
-        if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-            number = yaml_string_number(value)
-            if number is not None:
-                spellings = " or ".join(f"`{s}`" for s in yaml_spellings(number))
-                self.fail((*path, key), value, f"must be a number; {_YAML11}",
-                          f"write {spellings}")  # fmt: skip
-            self.fail((*path, key), value, "must be a number", "write a plain number, e.g. 1.5")
-        ok_low = value >= low if low_inclusive else value > low
-        if not ok_low or value >= high or math.isinf(value):
-            rng = f"{'>=' if low_inclusive else '>'} {low:g}" + (
-                f" and < {high:g}" if high < math.inf else ""
-            )
-            self.fail((*path, key), value, f"must be {rng}", f"use a finite number {rng}")
-        return float(value)
-
-    def bool_(self, m: dict[str, Any], path: FieldPath, key: str, default: bool | None,
-              fix: str) -> Any:  # fmt: skip
-        """``true``/``false``; absent gives ``default``, and an explicit null is accepted only
-        where the default is None (unset)."""
-        value = m.get(key, default)
-        if value is None and default is None:
-            return None
-        if not isinstance(value, bool):
-            self.fail((*path, key), value, "must be true or false", fix)
-        return value
-
-    def str_(self, m: dict[str, Any], path: FieldPath, key: str, default: Any = MISSING) -> Any:
-        value = self.get(m, path, key, default)
-        if value is default and default is not MISSING:
-            return value
-        if not isinstance(value, str) or not value.strip():
-            self.fail((*path, key), value, "must be a non-empty string", "quote it: key: 'text'")
-        return value
-
-    def choice(
-        self, m: dict[str, Any], path: FieldPath, key: str, options: Sequence[str], default: Any
-    ) -> Any:
-        value = self.str_(m, path, key, default)
-        if value is None and default is None:
-            return None
-        if value not in options:
-            close = difflib.get_close_matches(str(value), options, n=1, cutoff=0.5)
-            hint = f"did you mean `{close[0]}`? " if close else ""
-            self.fail(
-                (*path, key), value, "unknown choice", f"{hint}use one of {', '.join(options)}"
-            )
-        return value
 
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
