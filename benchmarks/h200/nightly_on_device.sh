@@ -144,7 +144,12 @@ start)
   # written before the body starts: a `watch` in the same call must find it (2026-12-05 it
   # looked before the first stage had written a line, and stopped as if on a fresh machine)
   echo "started $(date -u +%T): $*" > "$O/state.txt"
-  MOEPERF_GIT_COMMIT="$commit" setsid nohup bash "$0" body "$@" > "$O/driver.log" 2>&1 < /dev/null &
+  # the stages run from a copy: the device tool replaces the folders it carries at the start of
+  # every call, and a stage running in a carried checkout lost its working directory mid-run
+  # (2026-12-07: fp8's vLLM failed at start with os.getcwd() FileNotFoundError)
+  rm -rf /root/moeperf-src && mkdir -p /root/moeperf-src && cp -r . /root/moeperf-src
+  cd /root/moeperf-src
+  MOEPERF_GIT_COMMIT="$commit" setsid nohup bash benchmarks/h200/nightly_on_device.sh body "$@" > "$O/driver.log" 2>&1 < /dev/null &
   echo "started $(date -u +%T): $*" ;;
 body)
   shift
