@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from baseline_helpers import PROV, make_key
@@ -61,6 +62,21 @@ def test_a_seeded_first_search_starts_at_the_met_rate_and_aims_at_the_miss(
     assert lines[0] == ("t: the first search starts from the baseline's bracket, met 15.4, "
                         "missed 16.7 req/s (baselines/x/cuda.json)")  # fmt: skip
     assert d._warm.get("http://127.0.0.1:2") is None  # another server is not seeded
+
+
+def test_a_seeded_warm_up_names_no_other_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A night's log said "the first search starts at 8 req/s (search.rate_min)" and then "the
+    first search starts from the baseline's bracket": a seeded warm-up names no start."""
+    ok = SimpleNamespace(fixed={"n_ok": 16, "request_throughput": 30.0})
+    monkeypatch.setattr(probe, "measure_fixed", lambda *a, **kw: ok)
+    lines: list[str] = []
+    d = _driver(lines)
+    ep = probe.Endpoint("http://127.0.0.1:1", "m")
+    d.warm_up(ep, "t", seeded=True)
+    d.seed_bracket(ep, "t", 15.43, 16.67, "baselines/x/cuda.json")
+    assert lines == ["t: warmed up (16 requests at concurrency 8, not measured)",
+                     "t: the first search starts from the baseline's bracket, met 15.4, missed "
+                     "16.7 req/s (baselines/x/cuda.json)"]  # fmt: skip
 
 
 def test_a_baseline_of_another_machine_seeds_nothing(tmp_path: Path) -> None:

@@ -124,9 +124,11 @@ class RunDriver:
         s = self.spec
         return s.search.rate_min if s.search else (s.arrival.rate or 1.0)
 
-    def warm_up(self, endpoint: Endpoint, label: str) -> None:
+    def warm_up(self, endpoint: Endpoint, label: str, *, seeded: bool = False) -> None:
         """Unmeasured closed-loop load on a fresh server: the first batches pay for Triton JIT
-        compiles and cold caches (a first run on an H200 came out half as fast as the next)."""
+        compiles and cold caches (a first run on an H200 came out half as fast as the next).
+        ``seeded``: the first search will start from a baseline's bracket (``seed_bracket``
+        says so), so the warm-up line does not name another start (a night's log said both)."""
         from pytest_moeperf.run.probe import measure_fixed
 
         levels = self.warm or warm_levels(self.spec, gpu=False)
@@ -162,7 +164,7 @@ class RunDriver:
             if top is not None and start > top:
                 start, why = top, why + ", capped at search.rate_max"
             self._warm[endpoint.base_url] = (start, None, None)  # the first run's start
-            first = f"; the first search starts at {start:.3g} req/s ({why})"
+            first = "" if seeded else f"; the first search starts at {start:.3g} req/s ({why})"
         if len(levels) > 1:  # a GPU: then the open-loop pattern the probes use
             paces = self._paces.setdefault(endpoint.base_url, [])
             sent += self._open_loop(endpoint, start, math.ceil(start * WARM_OPEN_LOOP_S), paces)

@@ -244,8 +244,9 @@ class PerfTest:
                  env: Any, out: list[RunMeasurement]) -> None:  # fmt: skip
         """Appends run by run, so a server death keeps the runs that finished."""
         driver = self.driver(plan, model_dir, env)
-        driver.warm_up(endpoint, f"moeperf {self.item.name}")
-        if (seed := self._baseline_bracket(plan, env, model_dir)) is not None:
+        seed = self._baseline_bracket(plan, env, model_dir)
+        driver.warm_up(endpoint, f"moeperf {self.item.name}", seeded=seed is not None)
+        if seed is not None:
             met, missed, path = seed
             with contextlib.suppress(ValueError):  # shown from the rootdir where it lies there
                 path = str(Path(path).relative_to(self.config.rootpath))
