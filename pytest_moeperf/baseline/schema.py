@@ -19,9 +19,9 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pytest_moeperf.baseline.storage import RERECORD
 from pytest_moeperf.errors import UsageError
 
-RERECORD = "restore the file from git or re-record the baseline"
 _KEY_FIX = "fix the field or re-record the baseline"
 
 FiniteNumber = Annotated[float, Field(allow_inf_nan=False)]

@@ -32,7 +32,8 @@ from pytest_moeperf.verdict.metrics import DEFAULT_METRICS
 
 SCHEMA_VERSION = 1
 LOCK_NAME = ".moeperf-baseline.lock"
-_RERECORD = "restore the file from git or re-record the baseline"
+#: The fix of a baseline file that cannot be read as one (also the schema's errors).
+RERECORD = "restore the file from git or re-record the baseline"
 #: Far above any real baseline (a few KiB); bounds what a reader takes into memory.
 MAX_FILE_BYTES = 32 * 2**20
 
@@ -152,7 +153,7 @@ class Baseline:
         version = d.get("schema_version") if isinstance(d, dict) else None
         if isinstance(d, dict) and version is None:
             raise UsageError(
-                source, "schema_version", None, "is missing (not a moeperf baseline?)", _RERECORD
+                source, "schema_version", None, "is missing (not a moeperf baseline?)", RERECORD
             )
         if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
             raise UsageError(
@@ -177,7 +178,7 @@ class Baseline:
 
 def _check_metrics(metrics: object, source: str) -> dict[str, list[float]]:
     if not isinstance(metrics, dict):
-        raise UsageError(source, "metrics", metrics, "must be an object", _RERECORD)
+        raise UsageError(source, "metrics", metrics, "must be an object", RERECORD)
     out: dict[str, list[float]] = {}
     for name, values in metrics.items():
         field = f"metrics.{name if str(name).isprintable() else repr(name)}"  # one line
@@ -188,18 +189,18 @@ def _check_metrics(metrics: object, source: str) -> dict[str, list[float]]:
                 field,
                 values,
                 "must be a list of finite numbers (one per run)",
-                _RERECORD,
+                RERECORD,
             )
         if not values:  # the gate skips a metric without runs: the file would gate nothing
             raise UsageError(source, field, values,
                              "has no runs, so this metric would not be gated",
-                             _RERECORD)  # fmt: skip
+                             RERECORD)  # fmt: skip
         out[str(name)] = [float(v) for v in values]
     gated = [n for n, s in DEFAULT_METRICS.items() if s.role == "gate"]
     if not any(n in out for n in gated):
         raise UsageError(source, "metrics", sorted(out),
                          f"holds no gated metric (one of {', '.join(gated)}), so this baseline "
-                         "gates nothing", _RERECORD)  # fmt: skip
+                         "gates nothing", RERECORD)  # fmt: skip
     return out
 
 
@@ -221,12 +222,12 @@ def read_baseline_file(path: Path) -> Baseline:
         if size > MAX_FILE_BYTES:  # never read a stray dump into memory
             raise UsageError(source, "file", source,
                              f"is {size / 2**20:.0f} MiB; a baseline file is a few KiB, so "
-                             "this is not one", _RERECORD)  # fmt: skip
+                             "this is not one", RERECORD)  # fmt: skip
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise UsageError(source, "file", source, "does not exist", "check the path") from None
     except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(source, "file", source, f"cannot be read ({e})", _RERECORD) from e
+        raise UsageError(source, "file", source, f"cannot be read ({e})", RERECORD) from e
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -234,12 +235,12 @@ def read_baseline_file(path: Path) -> Baseline:
         problem = f"is not valid JSON ({e.msg}): the file is corrupt or truncated"
         if not text.strip():
             problem = "is empty: the file was truncated"
-        raise UsageError(source, "JSON", where, problem, _RERECORD) from e
+        raise UsageError(source, "JSON", where, problem, RERECORD) from e
     except (ValueError, RecursionError) as e:  # a 5,000-digit number; arrays nested 100,000 deep
         problem = ("nests deeper than a JSON reader allows" if isinstance(e, RecursionError)
                    else f"cannot be read as JSON ({str(e).split(';')[0]})")  # fmt: skip
         raise UsageError(source, "JSON", "the whole file", f"{problem}: the file is corrupt",
-                         _RERECORD) from None  # fmt: skip
+                         RERECORD) from None  # fmt: skip
     try:
         return Baseline.from_dict(data, source=source)
     except UsageError as e:
