@@ -303,3 +303,39 @@ def test_an_unconverged_run_without_a_miss_is_not_a_cap() -> None:
     assert not capped(_cap_run(40.0, 44.0))
     assert not capped({"bracket": [None, None], "converged": False})
     assert not capped({})
+
+
+def _ttft_verdicts(base_ttft: list[float], cand_ttft: list[float]) -> list[Any]:
+    from pytest_moeperf.verdict import judge_all
+
+    tpot = [40.0, 41.0, 39.5]
+    return judge_all({"ttft_p99_ms": base_ttft, "tpot_p99_ms": tpot},
+                     {"ttft_p99_ms": cand_ttft, "tpot_p99_ms": tpot}, source="test")  # fmt: skip
+
+
+def test_a_wide_ttft_band_at_a_searched_boundary_says_more_runs_will_not_help() -> None:
+    """The H100 bf16 baseline of 2026-12-07: five runs, p99 TTFT 568-1,986 ms under a 2,000 ms
+    SLO. "Record again with more runs" had been tried; the advice names the SLO instead."""
+    from pytest_moeperf.verdict.server_cost import slo_bounded
+
+    runs = [_lag_run(5.0) for _ in range(5)]
+    verdicts = _ttft_verdicts([568.0, 1895.0, 1257.0, 1986.0, 913.0], [274.0, 725.0, 1421.0])
+    ttft = next(v for v in verdicts if v.metric == "ttft_p99_ms")
+    assert ttft.outcome == "inconclusive" and "more runs" in ttft.advice
+    got = {v.metric: v for v in slo_bounded(verdicts, runs)}
+    assert got["ttft_p99_ms"].outcome == "inconclusive"
+    assert got["ttft_p99_ms"].reason == ttft.reason
+    assert got["ttft_p99_ms"].advice.startswith(
+        "at a searched boundary p99 TTFT lies anywhere below its SLO (2,000 ms)"
+    )
+    assert got["tpot_p99_ms"] == next(v for v in verdicts if v.metric == "tpot_p99_ms")
+
+
+def test_a_narrow_band_or_a_fixed_load_keeps_its_advice() -> None:
+    from pytest_moeperf.verdict.server_cost import slo_bounded
+
+    narrow = _ttft_verdicts([480.0, 490.0, 495.0], [485.0, 488.0, 492.0])
+    assert slo_bounded(narrow, [_lag_run(5.0)]) == narrow
+    wide = _ttft_verdicts([568.0, 1895.0, 1257.0, 1986.0, 913.0], [274.0, 725.0, 1421.0])
+    fixed_load = [{"fixed": {"slo_met": True}}]  # no searched boundary: no SLO bound
+    assert slo_bounded(wide, fixed_load) == wide

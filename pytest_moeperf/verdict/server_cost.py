@@ -210,6 +210,35 @@ def load_confounded(verdicts: Sequence[Any]) -> list[Any]:
             for v in verdicts]  # fmt: skip
 
 
+def slo_bounded(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[str, Any]]) -> list[Any]:
+    """A p99 latency with an SLO, read at searched boundaries, whose band is too wide to call
+    anything unchanged: by construction it lies anywhere below its SLO (the boundary is the
+    highest rate that met it), so more runs narrow its band little. On the H100 bf16 nightly p99
+    TTFT at the boundary ran 568-1,986 ms over five runs of one server under a 2,000 ms SLO, and
+    re-recording with 5 runs instead of 3, as the advice then said, left a 17.6x band. The
+    verdict stays inconclusive; its advice says so and where latency can be judged instead."""
+    from dataclasses import replace
+
+    from pytest_moeperf.verdict.stats import MAX_UNCHANGED_BAND, band_ratio
+
+    slos: dict[str, float] = {}
+    for run in baseline_runs:
+        slo = ((_boundary_probe(run) or {}).get("summary") or {}).get("slo") or {}
+        for name in BOUNDARY_LATENCIES:
+            if isinstance(limit := slo.get(name), int | float) and limit > 0:
+                slos[name] = float(limit)
+
+    def bounded(v: Any) -> bool:
+        return (v.metric in slos and v.outcome == "inconclusive" and v.band is not None
+                and band_ratio(v.band) > MAX_UNCHANGED_BAND)  # fmt: skip
+
+    return [replace(v, advice=f"at a searched boundary p99 {v.metric.split('_')[0].upper()} "
+                              f"lies anywhere below its SLO ({slos[v.metric]:,.0f} ms), so more "
+                              "runs narrow this band little; judge it at one rate: a spec with "
+                              "a fixed arrival rate")
+            if bounded(v) else v for v in verdicts]  # fmt: skip
+
+
 def capped(run: Mapping[str, Any]) -> bool:
     """A search run that met the SLO at ``search.rate_max``: its boundary and goodput are
     floors (``run/search.py``: converged with nothing missed above)."""
@@ -248,10 +277,12 @@ def confounded(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[str, Any
     """Every rule that reads a verdict inconclusive from what the two sides recorded: a
     machine that stalled the client, a machine that gave one side less CPU or whose
     calibration moved (``speed``: ``calibration.speed_drift``; ``verdict/machine_drift.py``),
-    boundaries that are floors, and latencies read at boundaries that moved. One chain, so
+    boundaries that are floors, latencies read at boundaries that moved, and latencies that a
+    searched boundary bounds by their SLO (advice only). One chain, so
     the gate and ``moeperf compare`` judge alike."""
     from pytest_moeperf.verdict.machine_drift import drifted_verdicts, speed_verdicts
 
     out = stalled_verdicts(verdicts, baseline_runs, candidate_runs)
     out = speed_verdicts(drifted_verdicts(out, baseline_runs, candidate_runs), speed)
-    return load_confounded(capped_verdicts(out, baseline_runs, candidate_runs))
+    out = load_confounded(capped_verdicts(out, baseline_runs, candidate_runs))
+    return slo_bounded(out, baseline_runs)
