@@ -59,10 +59,6 @@ class ModelSpec:
     prefix_caching: bool | None = None
 
 
-#: ``parallelism.distributed_executor_backend`` values: vLLM's own executors ("mp" on one node,
-#: "ray" for one node or a Ray cluster). The plugin never distributes anything itself.
-EXECUTOR_BACKENDS = ("mp", "ray")
-
 
 @dataclass(frozen=True)
 class ParallelismSpec:

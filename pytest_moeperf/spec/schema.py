@@ -62,6 +62,8 @@ class ParallelismIn(_Section):
     data: Count = 1
     pipeline: Count = 1
     expert: bool = False
+    #: vLLM's own executors ("mp" on one node, "ray" for one node or a Ray cluster); the plugin
+    #: never distributes anything itself
     distributed_executor_backend: Literal["mp", "ray"] | None = None
     ray_address: Text | None = None
 
