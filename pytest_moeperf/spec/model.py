@@ -59,7 +59,6 @@ class ModelSpec:
     prefix_caching: bool | None = None
 
 
-
 @dataclass(frozen=True)
 class ParallelismSpec:
     """vLLM's own parallel settings; the server uses ``gpus`` = tensor x pipeline x data GPUs.
