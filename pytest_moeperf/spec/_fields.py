@@ -64,6 +64,12 @@ class FieldCtx:
         where = f"{self.source}:{self.line(path)}"
         raise short_error(where, dotted(path), value, problem, fix)
 
+    def missing(self, path: FieldPath) -> NoReturn:
+        """A required field is absent (or null): the schema's own, or one that the spec's other
+        fields make required (``num_requests`` but for a replay)."""
+        section = ".".join(path[:-1]) or "the top level"
+        self.fail(path, None, "missing required field", f"add `{path[-1]}:` to {section}")
+
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,40}$")
 

@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.spec._fields import FieldCtx, FieldPath, line_index
@@ -136,11 +136,11 @@ def _arg_scalar(ctx: FieldCtx, path: FieldPath, value: object) -> ScalarArg:
 def _workload(ctx: FieldCtx, m: schema.WorkloadIn, model: ModelSpec, base: Path) -> WorkloadSpec:
     p: FieldPath = ("workload",)
     if m.num_requests is None and m.trace != "replay":
-        _missing(ctx, (*p, "num_requests"))
+        ctx.missing((*p, "num_requests"))
     digest = resolved = None
     if m.trace == "fixed":
         if m.input_tokens is None or m.output_tokens is None:
-            _missing(ctx, (*p, "input_tokens" if m.input_tokens is None else "output_tokens"))
+            ctx.missing((*p, "input_tokens" if m.input_tokens is None else "output_tokens"))
         from pytest_moeperf.spec.traces import scaled_length
 
         eff_in = scaled_length(m.input_tokens, m.scale, m.max_input_tokens)
@@ -154,7 +154,7 @@ def _workload(ctx: FieldCtx, m: schema.WorkloadIn, model: ModelSpec, base: Path)
             )  # fmt: skip
     elif m.trace == "replay":
         if m.path is None:
-            _missing(ctx, (*p, "path"))
+            ctx.missing((*p, "path"))
         resolved = Path(m.path).expanduser()
         if not resolved.is_absolute():
             resolved = (base / resolved).resolve()
@@ -176,16 +176,11 @@ def _workload(ctx: FieldCtx, m: schema.WorkloadIn, model: ModelSpec, base: Path)
     return WorkloadSpec(**m.model_dump(), trace_sha256=digest, resolved_path=resolved)
 
 
-def _missing(ctx: FieldCtx, path: FieldPath) -> NoReturn:
-    """A field the schema leaves optional that this spec's other fields make required."""
-    ctx.fail(path, None, "missing required field", f"add `{path[-1]}:` to {'.'.join(path[:-1])}")
-
-
 def _arrival(ctx: FieldCtx, m: schema.ArrivalIn, has_search: bool) -> ArrivalSpec:
     p: FieldPath = ("arrival",)
     if m.process == "poisson":
         if m.rate is None and not has_search:
-            _missing(ctx, (*p, "rate"))
+            ctx.missing((*p, "rate"))
         return ArrivalSpec(process="poisson", rate=m.rate, burstiness=m.burstiness)
     if has_search:
         ctx.fail(
@@ -193,7 +188,7 @@ def _arrival(ctx: FieldCtx, m: schema.ArrivalIn, has_search: bool) -> ArrivalSpe
             "set `process: poisson` or remove `search`",
         )  # fmt: skip
     if m.concurrency is None:
-        _missing(ctx, (*p, "concurrency"))
+        ctx.missing((*p, "concurrency"))
     return ArrivalSpec(process="concurrency", concurrency=m.concurrency, burstiness=m.burstiness)
 
 

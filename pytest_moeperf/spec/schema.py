@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from typing import Annotated, Any, Literal, NoReturn, get_args
+from typing import Annotated, Any, Literal, NoReturn, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.fields import FieldInfo
@@ -168,8 +168,9 @@ def _unused(data: dict[Any, Any]) -> list[dict[str, Any]]:
         raw = data.get(section)
         if not isinstance(raw, dict) or key not in raw:
             continue
-        chosen = raw.get(selector) or ("poisson" if section == "arrival" else None)
-        if chosen != only and chosen in _choices(SECTIONS[section].model_fields[selector]):
+        field = SECTIONS[section].model_fields[selector]
+        chosen = raw.get(selector) or (None if field.is_required() else field.default)
+        if chosen != only and chosen in _choices(field):
             out.append({"type": "unused", "loc": (section, key), "input": raw[key],
                         "ctx": {"selector": selector, "chosen": chosen, "only": only}})  # fmt: skip
     return out
@@ -196,8 +197,7 @@ def _raise(ctx: FieldCtx, err: Any) -> NoReturn:
     model, key, value, kind = _model_at(loc), path[-1], err["input"], err["type"]
     info = model.model_fields.get(key)
     if kind == "missing":
-        section = ".".join(path[:-1]) or "the top level"
-        ctx.fail(path, None, "missing required field", f"add `{key}:` to {section}")
+        ctx.missing(path)
     if kind in ("extra_forbidden", "invalid_key"):
         known = list(model.model_fields)
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
@@ -240,15 +240,25 @@ def _raise(ctx: FieldCtx, err: Any) -> NoReturn:
     ctx.fail(path, value, err["msg"], "see docs/specs.md for the field")
 
 
+def _inner(info: FieldInfo) -> tuple[Any, list[Any]]:
+    """The field's type and its constraints, seen through ``X | None`` and ``Annotated``
+    (``Count | None`` is ``Annotated[int, Field(ge=1)] | None``): one place for the nesting."""
+    kind, found = info.annotation, list(info.metadata)
+    args = [a for a in get_args(kind) if a is not type(None)]
+    if type(None) in get_args(kind) and len(args) == 1:
+        kind = args[0]
+    if get_origin(kind) is Annotated:  # Annotated[float, Field(gt=0)]
+        kind, *subs = get_args(kind)
+        found += [m for sub in subs for m in getattr(sub, "metadata", [])]
+    return kind, found
+
+
 def _choices(info: FieldInfo) -> list[str]:
-    return [c for arg in (info.annotation, *get_args(info.annotation)) for c in get_args(arg)
-            if isinstance(c, str)]  # fmt: skip
+    return [c for c in get_args(_inner(info)[0]) if isinstance(c, str)]
 
 
 def _integer(info: FieldInfo) -> bool:
-    return int in {
-        getattr(a, "__origin__", a) for a in (info.annotation, *get_args(info.annotation))
-    }
+    return _inner(info)[0] is int
 
 
 def _is_inf(value: object) -> bool:
@@ -256,13 +266,8 @@ def _is_inf(value: object) -> bool:
 
 
 def _constraints(info: FieldInfo) -> dict[str, float]:
-    """``{"gt": 0.0}``: the field's bounds, also where they sit inside ``X | None``."""
-    found = list(info.metadata)
-    for arg in get_args(info.annotation):
-        found += [
-            m for sub in getattr(arg, "__metadata__", ()) for m in getattr(sub, "metadata", [])
-        ]
-    return {name: float(getattr(m, name)) for m in found for name in ("gt", "ge", "lt")
+    """``{"gt": 0.0}``: the field's bounds."""
+    return {name: float(getattr(m, name)) for m in _inner(info)[1] for name in ("gt", "ge", "lt")
             if hasattr(m, name)}  # fmt: skip
 
 

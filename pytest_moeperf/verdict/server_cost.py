@@ -26,9 +26,14 @@ def _boundary_probe(run: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+def _boundary_summary(run: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``summary`` of the met probe at the run's boundary rate; empty if none was recorded."""
+    return (_boundary_probe(run) or {}).get("summary") or {}
+
+
 def boundary_server_stats(run: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """``summary.server`` of the met probe at the run's boundary rate, if recorded."""
-    server = ((_boundary_probe(run) or {}).get("summary") or {}).get("server")
+    server = _boundary_summary(run).get("server")
     return server if isinstance(server, Mapping) and server.get("available") else None
 
 
@@ -78,7 +83,7 @@ def boundary_send_lag(runs: Sequence[Mapping[str, Any]]) -> tuple[float, float] 
     """(median p99 send lag at the runs' boundary probes, their TTFT SLO), both in ms."""
     lags, slo = [], None
     for run in runs:
-        summary = (_boundary_probe(run) or {}).get("summary") or {}
+        summary = _boundary_summary(run)
         lag = summary.get("send_lag_p99_ms")
         ttft = (summary.get("slo") or {}).get("ttft_p99_ms")
         if isinstance(lag, int | float) and lag == lag and isinstance(ttft, int | float):
@@ -166,8 +171,8 @@ def stalled_verdicts(
 def _boundary_output_tokens(runs: Sequence[Mapping[str, Any]]) -> float | None:
     """Mean output tokens of the requests at the runs' boundary probes (None if unrecorded)."""
     vals = [t for run in runs
-            if isinstance(t := ((_boundary_probe(run) or {}).get("summary") or {}).get(
-                "mean_output_tokens"), int | float) and t > 0]  # fmt: skip
+            if isinstance(t := _boundary_summary(run).get("mean_output_tokens"), int | float)
+            and t > 0]  # fmt: skip
     return sum(vals) / len(vals) if vals else None
 
 
@@ -223,7 +228,7 @@ def slo_bounded(verdicts: Sequence[Any], baseline_runs: Sequence[Mapping[str, An
 
     slos: dict[str, float] = {}
     for run in baseline_runs:
-        slo = ((_boundary_probe(run) or {}).get("summary") or {}).get("slo") or {}
+        slo = _boundary_summary(run).get("slo") or {}
         for name in BOUNDARY_LATENCIES:
             if isinstance(limit := slo.get(name), int | float) and limit > 0:
                 slos[name] = float(limit)
