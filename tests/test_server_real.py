@@ -86,8 +86,9 @@ def test_startup_failure_is_fast_and_shows_log(model_dir: Path, tmp_path: Path) 
     # vLLM's own error, from its log (not our "# moeperf: <command>" header line).
     assert "server log (last lines)" in message
     assert "invalid int value: 'not-a-number'" in info.value.log_tail
-    # Fails when the process exits (imports + argument parsing), far from the 600 s deadline.
-    assert elapsed < 90, f"startup failure took {elapsed:.0f} s to report"
+    # Fails when the process exits (imports + argument parsing), not at the 600 s deadline:
+    # half of it is far above any import time seen (~60 s on a loaded 2-core VM)
+    assert elapsed < factory.startup_timeout_s / 2, f"startup failure took {elapsed:.0f} s"
     factory.stop_all()
 
 
@@ -103,5 +104,5 @@ def test_missing_model_fails_fast(tmp_path: Path) -> None:
     # The last log lines hold vLLM's own complaint about the path.
     tail = info.value.log_tail.splitlines()
     assert any(missing in line and "Error" in line for line in tail[-5:]), tail[-5:]
-    assert elapsed < 90, f"missing model took {elapsed:.0f} s to report"
+    assert elapsed < factory.startup_timeout_s / 2, f"missing model took {elapsed:.0f} s"
     factory.stop_all()
