@@ -34,11 +34,15 @@ CPU_SERVER_ARGS = [
 #: Fixtures that mean a real vLLM server: tests using them are marked ``real_server``.
 REAL_SERVER_FIXTURES = frozenset({"cpu_server", "embedded_model", "tutorial_checkout"})
 #: Fixtures that mean a measurement judged against a baseline: tests using them are also marked
-#: ``measures`` and run alone (``make test``'s second pass): a second server on the 2 cores moves
-#: the figures a verdict is asked about, and the machine calibration a baseline records. A
-#: module with ``QUIET_CORES = True`` joins them: its search must find a steady boundary, which
-#: a vLLM server starting on the other worker can starve away.
+#: ``measures`` and run alone: a second server on the 2 cores moves the figures a verdict is
+#: asked about, and the machine calibration a baseline records. A module with
+#: ``QUIET_CORES = True`` joins them: its search must find a steady boundary, which a vLLM server
+#: starting on the other worker can starve away.
 MEASURING_FIXTURES = frozenset({"tutorial_checkout"})
+#: Fixtures that mean a whole measured verdict end to end (a baseline of three searched runs, then
+#: runs judged against it: ~25 minutes on 2 cores): tests using them are also marked ``e2e``, which
+#: ``make test`` leaves to ``make test-e2e`` (the nightly CPU job, ``.ci/nightly``).
+E2E_FIXTURES = frozenset({"tutorial_checkout"})
 
 
 def _uses_shared_server(item: pytest.Item) -> bool:
@@ -60,6 +64,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.real_server)
         if names & MEASURING_FIXTURES or getattr(module, "QUIET_CORES", False):
             item.add_marker(pytest.mark.measures)
+        if names & E2E_FIXTURES:
+            item.add_marker(pytest.mark.e2e)
     users = {item.path for item in items if _uses_shared_server(item)}
     items.sort(key=lambda item: item.path not in users)  # stable: module order is kept
     _SHARED.last_user = next((i for i in reversed(items) if _uses_shared_server(i)), None)
