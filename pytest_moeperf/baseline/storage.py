@@ -24,11 +24,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_moeperf.baseline.key import BaselineKey, safe_name
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.verdict.metrics import DEFAULT_METRICS
+
+if TYPE_CHECKING:
+    from pytest_moeperf.baseline.schema import ProvenanceEntry
 
 SCHEMA_VERSION = 1
 LOCK_NAME = ".moeperf-baseline.lock"
@@ -72,7 +75,12 @@ class Provenance:
     def from_dict(cls, d: object, *, source: str) -> Provenance:
         from pytest_moeperf.baseline.schema import ProvenanceEntry, validate
 
-        return cls(**validate(ProvenanceEntry, d, source).model_dump())
+        return cls.from_entry(validate(ProvenanceEntry, d, source))
+
+    @classmethod
+    def from_entry(cls, entry: ProvenanceEntry) -> Provenance:
+        """From the file's validated ``provenance`` object (``baseline/schema.py``)."""
+        return cls(**entry.model_dump())
 
 
 def _git_commit(cwd: Path | None) -> str:
@@ -169,7 +177,7 @@ class Baseline:
             key=BaselineKey.from_entry(m.key),
             metrics=_check_metrics(m.metrics, source),  # runs in each, a gated metric
             runs=m.runs,
-            provenance=Provenance(**m.provenance.model_dump()),
+            provenance=Provenance.from_entry(m.provenance),
             accuracy=m.accuracy,
             schema_version=m.schema_version,
             extra=dict(m.model_extra or {}),
