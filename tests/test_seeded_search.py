@@ -91,3 +91,21 @@ def test_a_baseline_of_another_machine_seeds_nothing(tmp_path: Path) -> None:
     assert stored_bracket(tmp_path, TEST_ID, make_key(calibration=SLOW)) is None
     assert stored_bracket(tmp_path, TEST_ID, make_key(calibration=SAME_SLOW_SESSION)) is not None
     assert stored_bracket(tmp_path, TEST_ID, make_key(calibration=None)) is not None  # remote
+
+
+def test_a_machine_whose_calibration_drifted_seeds_nothing(tmp_path: Path) -> None:
+    """Compared (x1.5 to x2 is the same machine in another state), but not seeded: an H100 host
+    whose copy figure was 48 % below the baseline's started at the baseline's 25.6 req/s and
+    cut two probes on its way down to 16.7 (2026-12-07)."""
+    from test_calibration import FAST
+
+    from pytest_moeperf.baseline.calibration import Calibration
+    from pytest_moeperf.gates import calibration_speed
+
+    drifted = Calibration({"gemm_gflops": 86.3, "copy_gb_s": 9.2}, threads=1)  # copy -48 %
+    store = BaselineStore(tmp_path)
+    store.write(Baseline(TEST_ID, make_key(calibration=FAST), {"slo_goodput_tok_s": [1.0] * 3},
+                         _runs((23.75, 25.65)), PROV), complete=True)  # fmt: skip
+    here = make_key(calibration=drifted)
+    assert calibration_speed(here, make_key(calibration=FAST)) is not None  # compared, drifted
+    assert stored_bracket(tmp_path, TEST_ID, here) is None
