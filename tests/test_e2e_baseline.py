@@ -37,6 +37,7 @@ REAL_SERVER = True  # runs that start their own vLLM server (conftest.py)
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 STEP_DELAY = "fixed:0.05"  # every model step sleeps 0.05 s more (see the module docstring)
+CAUGHT = ("slo_goodput_tok_s", "tpot_p99_ms")  # one of them must read regressed
 
 
 def step_delay_path(root: Path) -> str:
@@ -53,20 +54,34 @@ def step_delay_path(root: Path) -> str:
     )
 
 
-def skip_if_recorded_during_stalls(runs: list[dict[str, Any]]) -> None:
-    """A baseline whose boundary probes were sent late by the stalling machine has a band too
-    wide for any verdict, and its goodput is judged inconclusive by design (docs/verdicts.md,
-    "A machine that stalls the client"); seen in CI on 2026-12-05: p99 send lag 1,352 ms, TPOT
-    band 0.14..1,244 ms, so the slowed server's +394 % TPOT was "unchanged" and its run passed.
-    Nothing can be proved against such a baseline: say so instead of failing."""
+def stalled_baseline(runs: list[dict[str, Any]]) -> str | None:
+    """Why the shared baseline may hide the slowdown, or None: its boundary probes were sent late
+    by the stalling machine (docs/verdicts.md, "A machine that stalls the client"). Its SLO
+    goodput is then judged inconclusive by design, and a stall long enough widens its TPOT band
+    too: seen in CI on 2026-12-05, p99 send lag 1,352 ms, TPOT band 0.14..1,244 ms, so the slowed
+    server's +394 % TPOT was "unchanged" and its run passed. A lag of a few hundred ms, this VM's
+    usual (192-258 ms in a quiet `make perf`, 2026-12-07), leaves TPOT's verdict standing (a
+    stall adds lag / 31 tokens, ~8 ms, to one request's TPOT; the slowdown adds 50 ms a step), so
+    the slowed run is judged, and only a slowdown that nothing caught is put down to the stalls."""
     from pytest_moeperf.verdict.server_cost import STALL_FRACTION, boundary_send_lag
 
     got = boundary_send_lag(runs)
-    if got is not None and got[0] > STALL_FRACTION * got[1]:
-        pytest.skip(f"the shared baseline was recorded while this machine stalled the client "
-                    f"(p99 send lag {got[0]:,.0f} ms at its boundary, over "
-                    f"{100 * STALL_FRACTION:.0f} % of the {got[1]:,.0f} ms TTFT SLO): no "
-                    "verdict against it can show the slowdown")  # fmt: skip
+    if got is None or got[0] <= STALL_FRACTION * got[1]:
+        return None
+    return (f"the shared baseline was recorded while this machine stalled the client (p99 send "
+            f"lag {got[0]:,.0f} ms at its boundary, over {100 * STALL_FRACTION:.0f} % of the "
+            f"{got[1]:,.0f} ms TTFT SLO)")  # fmt: skip
+
+
+def skip_if_the_stalls_hid_it(result: dict[str, Any], stalled: str | None) -> None:
+    """Nothing proved either way: the baseline was recorded during stalls and neither SLO goodput
+    nor p99 TPOT read regressed. Where one did, the test goes on and asserts the rest."""
+    caught = [v for v in result["verdicts"]
+              if v["metric"] in CAUGHT and v["outcome"] == "regressed"]  # fmt: skip
+    if stalled is not None and not caught:
+        seen = ", ".join(f"{v['metric']} {v['delta_rel'] * 100:+.0f} % {v['outcome']}"
+                         for v in result["verdicts"] if v["metric"] in CAUGHT)  # fmt: skip
+        pytest.skip(f"{stalled}, and no verdict against it caught the slowdown ({seen})")
 
 
 def skip_if_this_run_stalled(result: dict[str, Any]) -> None:
@@ -88,7 +103,7 @@ def test_a_slowed_server_is_regressed_and_never_a_baseline(
     assert first.returncode == 0, tail(first)
     (baseline,) = (checkout / "baselines").rglob("*.json")
     before = baseline.read_bytes()
-    skip_if_recorded_during_stalls(json.loads(before)["runs"])
+    stalled = stalled_baseline(json.loads(before)["runs"])
     results = tmp_path / "results.json"
     slowed = subprocess.run(
         [".venv/bin/pytest", "perf_tests/test_embedded.py", "-p", "no:cacheprovider", "-rfE",
@@ -97,8 +112,11 @@ def test_a_slowed_server_is_regressed_and_never_a_baseline(
         env=clean_env(PYTHONPATH=step_delay_path(tmp_path / "plugins"),
                       MOEPERF_STEP_DELAY=STEP_DELAY),
     )  # fmt: skip
-    if results.is_file() and baseline.read_bytes() == before:
-        skip_if_this_run_stalled(json.loads(results.read_text())["results"][0])
+    if results.is_file():
+        got = json.loads(results.read_text())["results"][0]
+        skip_if_the_stalls_hid_it(got, stalled)  # a passing run may then refresh: not a fault
+        if baseline.read_bytes() == before:
+            skip_if_this_run_stalled(got)
     assert slowed.returncode == 1, tail(slowed)
     assert "regressed" in slowed.stdout, tail(slowed)
     assert "baseline not-written: the test failed" in slowed.stdout, tail(slowed)
@@ -112,19 +130,37 @@ def test_a_slowed_server_is_regressed_and_never_a_baseline(
     # one reaches significance at three runs a side depends on how much the baseline's runs
     # disagree (CI 2026-12-05: both regressed; CI 2026-12-06: goodput and rate regressed, TPOT
     # inconclusive; 2026-12-04 with 0.1 s: TPOT regressed, goodput short of p < alpha).
-    caught = {m: outcomes.get(m) for m in ("slo_goodput_tok_s", "tpot_p99_ms")}
+    caught = {m: outcomes.get(m) for m in CAUGHT}
     assert "regressed" in caught.values(), lines
     assert set(caught.values()) <= {"regressed", "inconclusive"}, lines
     # a failed run never overwrites the baseline, even with the refresh flag
     assert baseline.read_bytes() == before
 
 
-def test_a_baseline_recorded_during_stalls_skips_with_the_lag() -> None:
-    """The committed CPU baseline's boundary probes were sent ~470 ms late: skipped, with it."""
+def test_a_baseline_recorded_during_stalls_is_named_with_its_lag() -> None:
+    """The committed CPU baseline's boundary probes were sent ~470 ms late: named, with it."""
     (path,) = (Path(__file__).resolve().parent.parent / "baselines").rglob("cpu-*.json")
     runs = json.loads(path.read_text())["runs"]
-    with pytest.raises(pytest.skip.Exception, match=r"p99 send lag 468 ms at its boundary"):
-        skip_if_recorded_during_stalls(runs)
+    assert "p99 send lag 468 ms at its boundary" in (stalled_baseline(runs) or "")
     quiet = [{**r, "probes": [{**p, "summary": {**p["summary"], "send_lag_p99_ms": 5.0}}
                               for p in r["probes"]]} for r in runs]  # fmt: skip
-    skip_if_recorded_during_stalls(quiet)  # no skip: the test goes on
+    assert stalled_baseline(quiet) is None
+
+
+def _verdicts(goodput: str, tpot: str) -> dict[str, Any]:
+    return {"verdicts": [
+        {"metric": "slo_goodput_tok_s", "delta_rel": -0.57, "outcome": goodput},
+        {"metric": "tpot_p99_ms", "delta_rel": 1.18, "outcome": tpot},
+    ]}  # fmt: skip
+
+
+def test_stalls_skip_the_test_only_where_nothing_caught_the_slowdown() -> None:
+    """2026-12-07 by hand: the baseline sent 307 ms late, goodput -57 % inconclusive by the
+    stall rule, TPOT +118 % regressed: caught, so the test goes on. Both `.ci/nightly` runs that
+    day skipped before the slowed run on a baseline sent 209 and 206 ms late (the second with
+    nothing else on the VM), proving nothing."""
+    stalled = "the shared baseline was recorded while this machine stalled the client (...)"
+    skip_if_the_stalls_hid_it(_verdicts("inconclusive", "regressed"), stalled)  # goes on
+    skip_if_the_stalls_hid_it(_verdicts("inconclusive", "unchanged"), None)  # asserted, fails
+    with pytest.raises(pytest.skip.Exception, match=r"tpot_p99_ms \+118 % unchanged"):
+        skip_if_the_stalls_hid_it(_verdicts("inconclusive", "unchanged"), stalled)
