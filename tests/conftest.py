@@ -33,16 +33,14 @@ CPU_SERVER_ARGS = [
 
 #: Fixtures that mean a real vLLM server: tests using them are marked ``real_server``.
 REAL_SERVER_FIXTURES = frozenset({"cpu_server", "embedded_model", "tutorial_checkout"})
-#: Fixtures that mean a measurement judged against a baseline: tests using them are also marked
-#: ``measures`` and run alone: a second server on the 2 cores moves the figures a verdict is
-#: asked about, and the machine calibration a baseline records. A module with
-#: ``QUIET_CORES = True`` joins them: its search must find a steady boundary, which a vLLM server
-#: starting on the other worker can starve away.
-MEASURING_FIXTURES = frozenset({"tutorial_checkout"})
 #: Fixtures that mean a whole measured verdict end to end (a baseline of three searched runs, then
-#: runs judged against it: ~25 minutes on 2 cores): tests using them are also marked ``e2e``, which
-#: ``make test`` leaves to ``make test-e2e`` (the nightly CPU job, ``.ci/nightly``).
-E2E_FIXTURES = frozenset({"tutorial_checkout"})
+#: runs judged against it: ~25 minutes on 2 cores): tests using them are also marked ``measures``
+#: and ``e2e``. ``measures`` runs alone: a second server on the 2 cores moves the figures a verdict
+#: is asked about, and the machine calibration a baseline records. ``e2e`` is left by
+#: ``make test`` to ``make test-e2e`` (the nightly CPU job, ``.ci/nightly``). A module with
+#: ``QUIET_CORES = True`` is ``measures`` only: its search must find a steady boundary, which a
+#: vLLM server starting on the other worker can starve away.
+MEASURING_FIXTURES = frozenset({"tutorial_checkout"})
 
 
 def _uses_shared_server(item: pytest.Item) -> bool:
@@ -62,10 +60,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         module = getattr(item, "module", None)
         if names & REAL_SERVER_FIXTURES or getattr(module, "REAL_SERVER", False):
             item.add_marker(pytest.mark.real_server)
-        if names & MEASURING_FIXTURES or getattr(module, "QUIET_CORES", False):
+        if names & MEASURING_FIXTURES:
             item.add_marker(pytest.mark.measures)
-        if names & E2E_FIXTURES:
             item.add_marker(pytest.mark.e2e)
+        elif getattr(module, "QUIET_CORES", False):
+            item.add_marker(pytest.mark.measures)
     users = {item.path for item in items if _uses_shared_server(item)}
     items.sort(key=lambda item: item.path not in users)  # stable: module order is kept
     _SHARED.last_user = next((i for i in reversed(items) if _uses_shared_server(i)), None)
