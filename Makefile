@@ -60,7 +60,7 @@ PY312 ?= $(firstword $(wildcard /usr/bin/python3.12 /usr/local/bin/python3.12 $(
 test-py312:
 	@if [ -z "$(PY312)" ]; then echo "test-py312: no Python 3.12 on this machine: load tests ran under $$($(PYTHON) --version) only"; else \
 	  set -e; [ -x .venv312/bin/python ] || $(PY312) -m venv .venv312; \
-	  .venv312/bin/python -m pip install -q -e . ; \
+	  .venv312/bin/python tools/uv_install.py -e . ; \
 	  .venv312/bin/python -m pytest -q -p no:cacheprovider tests/test_runner.py tests/test_client.py tests/test_driver.py; fi
 
 lint: setup
