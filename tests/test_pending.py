@@ -103,6 +103,9 @@ def test_a_passing_body_writes_the_baseline(pytester: pytest.Pytester, serve: An
                                "refresh": f"written: {path}"}  # fmt: skip
     out.stdout.fnmatch_lines([f"*baseline: written ({path})*"])
     assert json.loads(path.read_text())["provenance"]["reason"] == "pending test"
+    # the session's host calibration (tests/moeperf_fixed_calibration.py) is in the result too
+    cal = res["setup"]["calibration"]
+    assert cal["figures"] == {"gemm_gflops": 100.0, "copy_gb_s": 20.0} and cal["threads"] == 1
 
 
 def test_a_body_failing_after_run_writes_nothing(pytester: pytest.Pytester, serve: Any) -> None:

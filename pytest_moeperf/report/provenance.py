@@ -80,6 +80,7 @@ def setup_table(results: Sequence[Result]) -> Table:
         ),
         ("GPU limits", lambda r: _gpu(r.setup)),
         ("host CPU", lambda r: r.setup.get("cpu")),
+        ("host calibration", lambda r: _calibration(r.setup)),
         ("parallelism", lambda r: _parallelism(r.setup)),
         ("MoE config", lambda r: _moe(r.moe_config)),
         ("spec", lambda r: r.spec.get("name")),
@@ -101,6 +102,21 @@ def setup_table(results: Sequence[Result]) -> Table:
     labels = tuple(bar_labels(results))
     rows = tuple((f[0], *(c[i] for c in cols)) for i, f in enumerate(fields))
     return Table(("", *labels), rows)
+
+
+def _calibration(setup: Mapping[str, Any]) -> str:
+    """The session's host figures, as the "another machine" warnings print them; results from
+    before 2026-12-07, and external servers measured from elsewhere, have none."""
+    from pytest_moeperf.baseline.calibration import Calibration
+    from pytest_moeperf.errors import UsageError
+
+    raw = setup.get("calibration")
+    if raw is None:
+        return "not recorded"
+    try:
+        return Calibration.from_dict(raw, source="the result's setup.calibration").summary()
+    except UsageError:
+        return "unreadable"
 
 
 def _hygiene_summary(r: Result) -> str:

@@ -297,6 +297,10 @@ class PerfTest:
         return {**result.to_dict(), "scope": scope}
 
     def setup_data(self, plan: Plan, env: Any, data: dict[str, Any]) -> dict[str, Any]:
+        """The setup block of the result. It carries the session's host calibration too: a
+        result judged "another machine" by it shows there what this machine measured (an H100
+        night, 2026-12-07, printed only the figure that moved and the results kept neither)."""
+        from pytest_moeperf.baseline import calibration
         from pytest_moeperf.metrics.hardware import rated_bandwidth
 
         p = plan.spec.parallelism
@@ -305,11 +309,13 @@ class PerfTest:
         override = settings.of(self.item).hbm_bandwidth.value
         bw, _ = rated_bandwidth(env.accelerator, float(override) * 1e12 if override else None)
         quant = plan.spec.engine_arg("quantization")
+        cal = calibration.for_key(self.config, env.gpus)
         return {**env.to_dict(), "model": plan.spec.model.path, "dtype": plan.spec.model.dtype,
                 "quantization": quant, "tp": p.tensor, "dp": p.data, "ep": p.expert,
                 "pp": p.pipeline, "gpus_per_server": p.gpus,
                 "power_source": source, "command": self.session.payload()["command"],
-                "rated_bandwidth_tb_s": bw / 1e12 if bw else None}  # fmt: skip
+                "rated_bandwidth_tb_s": bw / 1e12 if bw else None,
+                "calibration": cal.to_dict() if cal else None}  # fmt: skip
 
     def _key(self, plan: Plan, env: Any, model_dir: Path | None) -> BaselineKey:
         """The setup this run is stored and compared under (``baseline.key``): built once a
