@@ -134,9 +134,9 @@ def test_parse_garbage_gives_no_vllm_value(garbage: str) -> None:
 
 def test_parse_pathological_lines_are_fast() -> None:
     lines = ['x{a="' + '\\"' * 50_000 + " 1", "x{" + 'a="b",' * 20_000 + " 1", "{" * 100_000]
-    t0 = time.perf_counter()
+    t0 = time.thread_time()  # the parser's CPU, not the other processes on the cores
     assert parse_prometheus("\n".join(lines)) == {}
-    assert time.perf_counter() - t0 < 2.0
+    assert time.thread_time() - t0 < 2.0
 
 
 # --- ServerStats ----------------------------------------------------------------------------
