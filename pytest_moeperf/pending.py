@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -26,13 +26,16 @@ from pytest_moeperf.baseline import Baseline, BaselineStore
 from pytest_moeperf.errors import UsageError
 from pytest_moeperf.session import MoePerfSession, PerfResult
 
+if TYPE_CHECKING:
+    from pytest_moeperf.report.schema import BaselineEntry, ResultRecord
+
 
 @dataclass
 class PendingBaseline:
     """What ``run()`` prepared: the result record to finish and, on a refresh, the file."""
 
     result: PerfResult
-    render: Callable[[dict[str, Any]], str]  # the result's terminal table, drawn again
+    render: Callable[[ResultRecord], str]  # the result's terminal table, drawn again
     store: BaselineStore | None = None  # None: no file to write (not a refresh, or refused)
     baseline: Baseline | None = None
     seen: dict[str, str] = field(default_factory=dict)  # baseline files (name -> digest) then
@@ -53,6 +56,15 @@ def _digest(path: Path) -> str | None:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
+
+
+def _baseline_block(p: PendingBaseline) -> BaselineEntry:
+    """The record's baseline block, which every perf test's record has (``run()`` sets it)."""
+    from pytest_moeperf.report.schema import BaselineEntry
+
+    if p.result.data.baseline is None:
+        p.result.data.baseline = BaselineEntry()
+    return p.result.data.baseline
 
 
 def defer(item: pytest.Item, pending: PendingBaseline) -> None:
@@ -96,10 +108,10 @@ def _write(p: PendingBaseline, store: BaselineStore, baseline: Baseline,
             notes.append(_changed(path, p.seen.get(path.name), now))
 
     path = store.write(baseline, complete=True, before_replace=check)
-    block = p.result.data["baseline"]
-    block["status"], block["refresh"] = "written", f"written: {path}"
+    block = _baseline_block(p)
+    block.status, block.refresh = "written", f"written: {path}"
     for note in notes:
-        block["concurrent"] = note
+        block.concurrent = note
         session.warn(f"{p.result.nodeid}: baseline {note}")
 
 
@@ -124,8 +136,8 @@ def _changed(path: Path, before: str | None, now: str | None) -> str:
 
 def _not_written(item: pytest.Item, p: PendingBaseline, session: MoePerfSession, why: str,
                  outcome: str) -> None:  # fmt: skip
-    block = p.result.data["baseline"]
-    block["status"], block["refresh"] = "not-written", f"not-written: {why}"
+    block = _baseline_block(p)
+    block.status, block.refresh = "not-written", f"not-written: {why}"
     _body_outcome(item, p, why, outcome)
     session.warn(f"{p.result.nodeid}: baseline not-written: {why}")
 

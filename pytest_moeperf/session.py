@@ -28,21 +28,38 @@ from pytest_moeperf.report import RESULTS_SCHEMA_VERSION
 if TYPE_CHECKING:
     from pytest_moeperf.report.model import Result
     from pytest_moeperf.report.rows import Metrics, MoeConfigProof, VerdictRow
+    from pytest_moeperf.report.schema import ResultRecord
 
 
 @dataclass
 class PerfResult:
-    """One perf test's result record, as written to the session's results JSON."""
+    """One perf test's result record, as written to the session's results JSON.
+
+    ``data`` is the record's typed model (``report/schema.py`` ``ResultRecord``): the run fills
+    its fields, the file is its dump, and the report reads that file back through the same
+    model. ``nodeid``, ``outcome`` and ``reasons`` live here, outside it: a deferred refresh
+    (``pending``) still changes them after ``run()`` returned."""
 
     nodeid: str
     outcome: str  # "passed" | "failed" | "partial" | "error"
-    data: dict[str, Any]
+    data: ResultRecord
     table: str = ""
     reasons: list[str] = field(default_factory=list)
 
+    @classmethod
+    def from_dict(cls, nodeid: str, outcome: str, data: dict[str, Any], table: str = "",
+                  reasons: list[str] | None = None) -> PerfResult:  # fmt: skip
+        """A record read back as JSON (an xdist worker's, relayed to the controller), checked
+        against the schema: a wrong field is one UsageError naming it."""
+        from pytest_moeperf.report.schema import validate_record
+
+        record = validate_record({**data, "nodeid": nodeid}, f"the result of {nodeid}")
+        return cls(nodeid, outcome, record, table, list(reasons or []))
+
     def to_dict(self) -> dict[str, Any]:
-        return {"nodeid": self.nodeid, "outcome": self.outcome, "reasons": self.reasons,
-                **self.data}  # fmt: skip
+        """The record as written: the fields the run set, none of the schema's defaults."""
+        body = self.data.model_dump(exclude_unset=True, exclude={"nodeid", "outcome", "reasons"})
+        return {"nodeid": self.nodeid, "outcome": self.outcome, "reasons": self.reasons, **body}
 
     @property
     def record(self) -> Result:
@@ -140,7 +157,7 @@ class MoePerfSession:
         for item in data["results"]:
             d = dict(item["result"])
             nodeid, outcome, reasons = d.pop("nodeid"), d.pop("outcome"), d.pop("reasons")
-            self.results.append(PerfResult(nodeid, outcome, d, item["table"], reasons))
+            self.results.append(PerfResult.from_dict(nodeid, outcome, d, item["table"], reasons))
         self.warnings.extend(data["warnings"])
 
     # -- end of session ----------------------------------------------------------------------

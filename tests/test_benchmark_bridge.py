@@ -130,7 +130,7 @@ def recorded_perf(request):
         data = dict(json.load(open("sample.json"))["results"][0])
         outcome, reasons = data.pop("outcome"), data.pop("reasons")
         del data["nodeid"]
-        result = PerfResult(request.node.nodeid, outcome, data, reasons=reasons)
+        result = PerfResult.from_dict(request.node.nodeid, outcome, data, reasons=reasons)
         request.config.stash[SESSION_KEY].record(result)
         return result
     return run

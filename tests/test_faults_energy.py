@@ -111,8 +111,8 @@ def test_nvml_failing_mid_run_keeps_goodput_and_says_why(
         assert "GPU is lost" in reading["reason"]
     notes = [n for n in run.notes if n.startswith("energy not measured: ")]
     assert len(notes) == 1 and "GPU is lost" in notes[0]
-    entry: dict[str, Any] = metric_entry("tok_per_j", [], [run])
-    assert entry["center"] is None and "GPU is lost" in entry["note"]
+    entry = metric_entry("tok_per_j", [], [run])
+    assert entry.center is None and entry.note is not None and "GPU is lost" in entry.note
 
 
 def test_nvml_absent_keeps_goodput_and_says_why(
@@ -144,9 +144,9 @@ def test_a_missing_metric_gives_its_own_reason_not_another_metrics() -> None:
 
     runs: Any = [SimpleNamespace(notes=["energy not measured: no NVML here",
                                         "MBU not measured: no model shape"])]  # fmt: skip
-    assert metric_entry("tok_per_j", [], runs)["note"] == "energy not measured: no NVML here"
-    assert metric_entry("power_w", [], runs)["note"] == "energy not measured: no NVML here"
-    assert metric_entry("mbu", [], runs)["note"] == "MBU not measured: no model shape"
-    tpot = metric_entry("tpot_p99_ms", [], runs)["note"]
+    assert metric_entry("tok_per_j", [], runs).note == "energy not measured: no NVML here"
+    assert metric_entry("power_w", [], runs).note == "energy not measured: no NVML here"
+    assert metric_entry("mbu", [], runs).note == "MBU not measured: no model shape"
+    tpot = metric_entry("tpot_p99_ms", [], runs).note
     assert tpot.startswith("not measured: no request streamed two tokens or more"), tpot
-    assert metric_entry("ttft_p99_ms", [], runs)["note"] == "not measured"
+    assert metric_entry("ttft_p99_ms", [], runs).note == "not measured"

@@ -31,7 +31,7 @@ def recorded_perf(request):
     outcome, reasons = data.pop("outcome"), data.pop("reasons")
     del data["nodeid"]
     request.config.stash[SESSION_KEY].record(
-        PerfResult(request.node.nodeid, outcome, data, reasons=reasons))
+        PerfResult.from_dict(request.node.nodeid, outcome, data, reasons=reasons))
 """
 
 TEST = """

@@ -363,8 +363,9 @@ from pytest_moeperf.session import PerfResult
 @pytest.mark.parametrize("i", range(3))
 def test_measured(request, i):
     session = request.config.stash[SESSION_KEY]
-    session.record(PerfResult(request.node.nodeid, "passed", {"metrics": {"x": {"center": i}}},
-                              table=f"table of config {i}"))
+    session.record(PerfResult.from_dict(request.node.nodeid, "passed",
+                                        {"metrics": {"x": {"center": i}}},
+                                        table=f"table of config {i}"))
     session.warn(f"note from config {i}")
 """
 

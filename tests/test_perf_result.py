@@ -42,7 +42,7 @@ DATA = {
 
 
 def result(data: dict[str, object] | None = None) -> PerfResult:
-    return PerfResult("perf_tests/test_x.py::test_goodput", "passed", dict(data or DATA))
+    return PerfResult.from_dict("perf_tests/test_x.py::test_goodput", "passed", dict(data or DATA))
 
 
 def test_metrics_read_as_attributes() -> None:
@@ -101,6 +101,31 @@ def test_a_wrongly_typed_field_names_the_test_and_the_field() -> None:
     text = str(err.value)
     assert "the result of perf_tests/test_x.py::test_goodput" in text
     assert "result.metrics.slo_goodput_tok_s.center" in text and "'fast'" in text
+
+
+def test_the_record_is_written_with_the_fields_the_run_set_and_no_defaults() -> None:
+    """A run fills a ``ResultRecord`` field by field; the file gets those fields, not a null for
+    every block the schema knows (``fleet``, ``sweep``, ``ab`` belong to the A/B gate)."""
+    from pytest_moeperf.report.schema import BaselineEntry, MetricEntry, ResultRecord
+
+    rec = ResultRecord(nodeid="t", quick=False)
+    rec.metrics = {"slo_goodput_tok_s": MetricEntry(runs=[1.0, 3.0], unit="tok/s", center=2.0)}
+    rec.baseline = BaselineEntry(status="missing")
+    rec.accuracy = None  # set, to null: written as null
+    out = PerfResult("t", "failed", rec, reasons=["SLO gate"]).to_dict()
+    assert out == {
+        "nodeid": "t", "outcome": "failed", "reasons": ["SLO gate"], "quick": False,
+        "metrics": {"slo_goodput_tok_s": {"runs": [1.0, 3.0], "center": 2.0, "unit": "tok/s"}},
+        "baseline": {"status": "missing"}, "accuracy": None,
+    }  # fmt: skip
+
+
+def test_a_relayed_record_with_an_unknown_field_is_one_error() -> None:
+    """A worker's record is checked on the controller: a field the schema does not know."""
+    with pytest.raises(UsageError) as err:
+        PerfResult.from_dict("t", "passed", {"metrcs": {}})
+    assert "the result of t" in str(err.value) and "metrcs" in str(err.value)
+    assert "\n" not in str(err.value)
 
 
 def test_the_test_and_the_results_file_read_the_same_figures() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,6 +24,9 @@ from pytest_moeperf.run.record import collect_metrics, metric_entry, result_tabl
 from pytest_moeperf.run.source import Served
 from pytest_moeperf.server.process import VllmServer
 from pytest_moeperf.session import PerfResult
+
+if TYPE_CHECKING:
+    from pytest_moeperf.report.schema import ResultRecord
 
 NO_CASE_REASON = (
     "no A/B requested: pass --moeperf-ab-range BASE...HEAD (a git range) or "
@@ -270,20 +273,22 @@ class AbTest:
     # -- recording ------------------------------------------------------------------------------
     def _record(self, out: AbOutcome) -> PerfResult:
         from pytest_moeperf.ab.summary import fleet_of, markdown_summary
+        from pytest_moeperf.report.schema import VerdictEntry
 
         results: list[PerfResult] = []
         base_metrics = collect_metrics(out.sides["base"].runs)
         for name, state in out.sides.items():
             data = self._side_data(out, name, state)
+            ab = data.ab if data.ab is not None else {}
             metrics = collect_metrics(state.runs)
             if name != "base":
                 verdicts = out.verdicts if name == "head" else (out.control_verdicts or [])
                 reference = base_metrics
                 if name == CONTROL:  # judged against the base runs interleaved with it
                     reference = collect_metrics(out.control_base)
-                    data["ab"]["base_runs"] = [r.to_dict() for r in out.control_base]
-                data["verdicts"] = [v.to_dict() for v in verdicts]
-                data["fleet"] = fleet_of(
+                    ab["base_runs"] = [r.to_dict() for r in out.control_base]
+                data.verdicts = [VerdictEntry.model_validate(v.to_dict()) for v in verdicts]
+                data.fleet = fleet_of(
                     reference, metrics, reference="base", gpus=max(1, out.env.gpu_count)
                 )
             else:
@@ -301,45 +306,47 @@ class AbTest:
             self.item.user_properties.append((f"moeperf.ab.{v.metric}", v.outcome))
         return results[1] if len(results) > 1 else results[0]
 
-    def _side_data(self, out: AbOutcome, name: str, state: SideState) -> dict[str, Any]:
+    def _side_data(self, out: AbOutcome, name: str, state: SideState) -> ResultRecord:
         from pytest_moeperf.moeconfig.folder import config_hash
+        from pytest_moeperf.report.schema import BaselineEntry, MoeConfigEntry, ResultRecord
 
         runs = state.runs
         metrics = collect_metrics(runs)
-        data: dict[str, Any] = {
-            "quick": out.plan.quick,
-            "config_label": name,
-            "spec": spec_summary(out.plan),
-            "moe_config": {
-                "name": name,
-                "check": state.check,
-                "file": out.case.file_name,
-                "source": describe(state.side),
-                "hash": config_hash(state.server.config.tuned_config_folder)
-                if state.server.config.tuned_config_folder
-                else None,
-                "loaded": list(state.server.moe_observation().loaded),
-            },
-            "metrics": {n: metric_entry(n, v, runs) for n, v in metrics.items()},
-            "search_runs": [r.to_dict() for r in runs],
-            "sweep": state.sweep,
-            "ab": {
+        folder = state.server.config.tuned_config_folder
+        search_runs = [r.to_dict() for r in runs]
+        data = ResultRecord(
+            nodeid=self.item.nodeid,
+            quick=out.plan.quick,
+            config_label=name,
+            spec=spec_summary(out.plan),
+            moe_config=MoeConfigEntry(
+                name=name,
+                check=state.check,
+                file=out.case.file_name,
+                source=describe(state.side),
+                hash=config_hash(folder) if folder else None,
+                loaded=list(state.server.moe_observation().loaded),
+            ),
+            metrics={n: metric_entry(n, v, runs) for n, v in metrics.items()},
+            search_runs=search_runs,
+            sweep=state.sweep,
+            ab={
                 **out.case.to_dict(),
                 "side": name,
                 "pairs": out.pairs,
                 "order": [f"{s}{k + 1}" for s, k in out.order],
                 "equivalence": out.equivalence.to_dict() if out.equivalence else None,
             },
-            "baseline": {
-                "status": "compared" if name != "base" else "reference",
-                "path": f"A/B base: {describe(out.case.base)}",
-            },
-            "accuracy": None,
-            "hygiene": out.hygiene,
-        }
+            baseline=BaselineEntry(
+                status="compared" if name != "base" else "reference",
+                path=f"A/B base: {describe(out.case.base)}",
+            ),
+            accuracy=None,
+            hygiene=out.hygiene,
+        )
         if out.partial:
-            data["partial"] = out.partial
-        data["setup"] = self.perf.setup_data(out.plan, out.env, data)
+            data.partial = out.partial
+        data.setup = self.perf.setup_data(out.plan, out.env, search_runs)
         return data
 
 

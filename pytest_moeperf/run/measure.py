@@ -35,6 +35,7 @@ from pytest_moeperf.spec.model import Slo, Spec
 
 if TYPE_CHECKING:
     from pytest_moeperf.baseline import BaselineKey
+    from pytest_moeperf.report.schema import ResultRecord
     from pytest_moeperf.run.driver import RunDriver
     from pytest_moeperf.run.source import Served, ServerSource
     from pytest_moeperf.server.process import VllmServer
@@ -93,7 +94,10 @@ class PerfTest:
     def run(self) -> PerfResult:
         plan = self.plan()
         self._setup_key = None  # built afresh by each run()
-        data: dict[str, Any] = {"quick": plan.quick, "config_label": plan.moe.name}
+        from pytest_moeperf.report.schema import MoeConfigEntry, ResultRecord
+
+        data = ResultRecord(nodeid=self.item.nodeid, quick=plan.quick,
+                            config_label=plan.moe.name)  # fmt: skip
         reasons: list[str] = []
         root = settings.of(self.item).baseline_dir.value
         from pytest_moeperf import pending
@@ -111,14 +115,14 @@ class PerfTest:
         env = self.environment(plan, served)
         from pytest_moeperf.hygiene import check_before_load  # after startup, before load
 
-        data["hygiene"], noisy = check_before_load(self.server,
+        data.hygiene, noisy = check_before_load(self.server,
                                                    env.gpu_indices, backend=env.backend,
                                                    server_url=source.url)  # fmt: skip
         if noisy:
             self.session.warn(f"{self.item.nodeid}: {noisy}")
-        data["spec"] = spec_summary(plan)
-        data["moe_config"] = {"name": plan.moe.name, "check": check,
-                              "loaded": list(self._loaded())}  # fmt: skip
+        data.spec = spec_summary(plan)
+        data.moe_config = MoeConfigEntry(name=plan.moe.name, check=check,
+                                         loaded=list(self._loaded()))  # fmt: skip
         runs: list[RunMeasurement] = []  # filled run by run: a death keeps the finished ones
         partial: str | None = None
         interrupted: KeyboardInterrupt | None = None
@@ -128,21 +132,21 @@ class PerfTest:
             server = self.server
             partial = f"{died} (run {len(runs) + 1} of {plan.runs})"
             reasons.append(partial + (server.death_note() if server is not None else ""))
-            data["partial"] = True
-            data["partial_probes"] = died.partial
+            data.partial = True
+            data.partial_probes = died.partial
         except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM from a CI runner's timeout
             partial = f"interrupted ({stop or 'KeyboardInterrupt'}) during run {len(runs) + 1} " \
                       f"of {plan.runs}; the finished runs are kept"  # fmt: skip
             reasons.append(partial)
-            data["partial"] = True
+            data.partial = True
             interrupted = stop
         metrics = collect_metrics(runs)
-        data["metrics"] = {n: metric_entry(n, v, runs) for n, v in metrics.items()}
-        data["search_runs"] = [r.to_dict() for r in runs]
+        entries = data.metrics = {n: metric_entry(n, v, runs) for n, v in metrics.items()}
+        data.search_runs = [r.to_dict() for r in runs]
         reasons.extend(slo_failures(plan, runs))
         accuracy = self._accuracy(plan, endpoint) if partial is None else None
-        data["accuracy"] = accuracy
-        data["setup"] = self.setup_data(plan, env, data)
+        data.accuracy = accuracy
+        data.setup = self.setup_data(plan, env, data.search_runs)
         self._baseline(plan, env, model_dir, metrics, runs, accuracy, data, reasons, partial)
         outcome = "partial" if partial else ("failed" if reasons else "passed")
         result = PerfResult(self.item.nodeid, outcome, data, table=self._table(data),
@@ -154,8 +158,8 @@ class PerfTest:
             store, baseline = self._candidate or (None, None)
             pending.defer(self.item, pending.PendingBaseline(result, self._table, store, baseline,
                                                              self._seen))  # fmt: skip
-        for name, entry in data["metrics"].items():
-            self.item.user_properties.append((f"moeperf.{name}", entry["center"]))
+        for name, entry in entries.items():
+            self.item.user_properties.append((f"moeperf.{name}", entry.center))
         self.item.user_properties.append(("moeperf.outcome", outcome))
         if interrupted is not None:  # recorded first: results.json keeps what was measured
             raise interrupted
@@ -296,7 +300,8 @@ class PerfTest:
                            limit=limit)  # fmt: skip
         return {**result.to_dict(), "scope": scope}
 
-    def setup_data(self, plan: Plan, env: Any, data: dict[str, Any]) -> dict[str, Any]:
+    def setup_data(self, plan: Plan, env: Any,
+                   search_runs: list[dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
         """The setup block of the result. It carries the session's host calibration too: a
         result judged "another machine" by it shows there what this machine measured (an H100
         night, 2026-12-07, printed only the figure that moved and the results kept neither)."""
@@ -304,7 +309,7 @@ class PerfTest:
         from pytest_moeperf.metrics.hardware import rated_bandwidth
 
         p = plan.spec.parallelism
-        energy = [e for r in data["search_runs"] for e in r["energy"]]
+        energy = [e for r in search_runs for e in r["energy"]]
         source = energy[0]["method"] if energy else "not_measured"
         override = settings.of(self.item).hbm_bandwidth.value
         bw, _ = rated_bandwidth(env.accelerator, float(override) * 1e12 if override else None)
@@ -338,10 +343,11 @@ class PerfTest:
 
     def _baseline(self, plan: Plan, env: Any, model_dir: Path | None,
                   metrics: dict[str, list[float]], runs: list[RunMeasurement],
-                  accuracy: dict[str, Any] | None, data: dict[str, Any], reasons: list[str],
+                  accuracy: dict[str, Any] | None, data: ResultRecord, reasons: list[str],
                   partial: str | None) -> None:  # fmt: skip
         from pytest_moeperf import gates
         from pytest_moeperf.baseline import BaselineStore
+        from pytest_moeperf.report.schema import BaselineEntry, VerdictEntry
 
         s = settings.of(self.item)
         root = s.baseline_dir.value
@@ -364,11 +370,12 @@ class PerfTest:
             candidate_runs=[r.to_dict() for r in runs],
         )
         self.verdicts = list(outcome.verdicts)
-        data["verdicts"] = [v.to_dict() for v in outcome.verdicts]
-        data["baseline"] = {"path": outcome.path, "status": outcome.status,
-                            "warnings": outcome.warnings}  # fmt: skip
-        if outcome.accuracy is not None and data["accuracy"] is not None:
-            data["accuracy"]["verdict"] = outcome.accuracy
+        data.verdicts = [VerdictEntry.model_validate(v.to_dict()) for v in outcome.verdicts]
+        warnings = list(outcome.warnings)  # the block's list: notes below are added to it
+        block = data.baseline = BaselineEntry(path=outcome.path, status=outcome.status,
+                                              warnings=warnings)  # fmt: skip
+        if outcome.accuracy is not None and data.accuracy is not None:
+            data.accuracy["verdict"] = outcome.accuracy
         for w in outcome.warnings:
             self.session.warn(f"{test_id}: {w}")
         reasons.extend(outcome.failures)
@@ -388,19 +395,19 @@ class PerfTest:
                 had_runs=max((v.n_baseline for v in self.verdicts), default=0),
             )  # fmt: skip
             if refusal.why is not None:
-                data["baseline"]["status"] = "not-written"
-                data["baseline"]["refresh"] = f"not-written: {refusal.why}"
+                block.status = "not-written"
+                block.refresh = f"not-written: {refusal.why}"
                 self.session.warn(f"{test_id}: baseline not-written: {refusal.why}")
                 return
             if refusal.note is not None:
-                data["baseline"]["warnings"].append(refusal.note)
+                warnings.append(refusal.note)
                 self.session.warn(f"{test_id}: {refusal.note}")
             run_dicts = [r.to_dict() for r in runs]  # stalled but first: written, with a warning
             self._candidate = (store, gates.candidate(
                 test_id, key, metrics, run_dicts, accuracy=accuracy,
                 reason=str(s.reason.value or "")))  # fmt: skip
-            data["baseline"]["status"] = "pending"
-            data["baseline"]["refresh"] = "pending: written once the test body has passed"
+            block.status = "pending"
+            block.refresh = "pending: written once the test body has passed"
             from pytest_moeperf.verdict.server_cost import capped, stalled_recording
 
             notes = [f"this baseline was {stalled}"] if (
@@ -410,8 +417,8 @@ class PerfTest:
                              "search.rate_max, so SLO goodput compared with it reads "
                              "inconclusive while both sides meet the cap")  # fmt: skip
             for note in notes:
-                data["baseline"]["warnings"].append(note)
+                warnings.append(note)
                 self.session.warn(f"{test_id}: {note}")
 
-    def _table(self, data: dict[str, Any]) -> str:
+    def _table(self, data: ResultRecord) -> str:
         return result_table(data, self.verdicts)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import pytest
 
     from pytest_moeperf.baseline import BaselineKey
+    from pytest_moeperf.report.schema import BaselineEntry, MetricEntry, ResultRecord
     from pytest_moeperf.run.measure import Plan
     from pytest_moeperf.verdict import Verdict
 
@@ -59,20 +60,19 @@ UNMEASURED = {"tpot_p99_ms": "not measured: no request streamed two tokens or mo
                              "the time between them)"}  # fmt: skip
 
 
-def metric_entry(name: str, values: list[float], runs: list[RunMeasurement]) -> dict[str, Any]:
+def metric_entry(name: str, values: list[float], runs: list[RunMeasurement]) -> MetricEntry:
     """A metric's runs, unit and median; without values, why (the notes that speak of it: an
     energy note is not the reason a TPOT is missing)."""
     import statistics
 
-    entry: dict[str, Any] = {
-        "runs": values,
-        "unit": METRIC_UNITS[name],
-        "center": statistics.median(values) if values else None,
-    }
+    from pytest_moeperf.report.schema import MetricEntry
+
+    entry = MetricEntry(runs=values, unit=METRIC_UNITS[name],
+                        center=statistics.median(values) if values else None)  # fmt: skip
     if not values:
         words = NOTE_WORDS.get(name, (name.split("_")[0],))
         notes = sorted({n for r in runs for n in r.notes if any(w in n.lower() for w in words)})
-        entry["note"] = "; ".join(notes) or UNMEASURED.get(name, "not measured")
+        entry.note = "; ".join(notes) or UNMEASURED.get(name, "not measured")
     return entry
 
 
@@ -100,23 +100,24 @@ def vocab_size(model_dir: Path | None) -> int:
     return vocab
 
 
-def result_table(data: dict[str, Any], verdicts: Sequence[Verdict]) -> str:
+def result_table(data: ResultRecord, verdicts: Sequence[Verdict]) -> str:
     """The terminal table of one perf test; drawn again once a deferred refresh is settled."""
     from pytest_moeperf.report.table import format_verdict_table
 
     lines = [f"{'metric':<20} {'median':>12} {'runs':>5}  unit"]
-    for name, e in data["metrics"].items():
-        c = e["center"]
+    for name, e in (data.metrics or {}).items():
+        c = e.center
         text = "not measured" if c is None else f"{c:.4g}"
-        lines.append(f"{name:<20} {text:>12} {len(e['runs']):>5}  {e['unit']}")
-    lines.append(f"moe config: {data['moe_config']['check']}")
-    if data.get("accuracy"):
-        lines.extend(_accuracy_lines(data["accuracy"]))
+        lines.append(f"{name:<20} {text:>12} {len(e.runs or []):>5}  {e.unit}")
+    lines.append(f"moe config: {data.moe_config.check if data.moe_config else None}")
+    if data.accuracy:
+        lines.extend(_accuracy_lines(data.accuracy))
     if verdicts:
         lines.append(format_verdict_table(
             verdicts,
             title="vs baseline (baseline, candidate: geometric means of the runs)"))  # fmt: skip
-    lines.extend(_baseline_lines(data["baseline"], bool(verdicts)))
+    if data.baseline is not None:
+        lines.extend(_baseline_lines(data.baseline, bool(verdicts)))
     return "\n".join(lines)
 
 
@@ -135,19 +136,18 @@ def _accuracy_lines(a: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _baseline_lines(b: dict[str, Any], compared: bool) -> list[str]:
+def _baseline_lines(b: BaselineEntry, compared: bool) -> list[str]:
     """What became of the baseline: a refresh always says whether its file was written."""
-    refresh = b.get("refresh")
-    if refresh is None:
-        return [] if compared else [f"baseline: {b['status']} ({b['path']})"]
-    state, _, detail = str(refresh).partition(": ")
+    if b.refresh is None:
+        return [] if compared else [f"baseline: {b.status} ({b.path})"]
+    state, _, detail = b.refresh.partition(": ")
     if state == "written":
         line = f"baseline: written ({detail})"
     elif state == "not-written":
         line = f"baseline: NOT written ({detail})"
     else:
         line = f"baseline: {state} ({detail})"
-    return [line] + ([f"baseline: {b['concurrent']}"] if b.get("concurrent") else [])
+    return [line] + ([f"baseline: {b.concurrent}"] if b.concurrent else [])
 
 
 def setup_key(config: pytest.Config, plan: Plan, env: Any, model_dir: Path | None,
