@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy  # noqa: F401  (see below)
 import pytest
+from torch_first import _torch_imported, pytester  # noqa: F401  (fixtures, see torch_first.py)
 from vllm_needed import skip_without_vllm
 
 from pytest_moeperf.server.process import VllmServer
@@ -23,6 +24,7 @@ from pytest_moeperf.server.process import VllmServer
 # modules it imported when it ends, and numpy imported a second time breaks (``_CopyMode.IF_NEEDED
 # is neither True nor False`` in the next run's array code). Run alone, a test with two inline
 # runs failed so; in the full suite an earlier module had imported numpy.
+
 
 #: Engine arguments of the shared server: eager mode (no torch.compile) starts fastest. 4,096
 #: tokens of context because gsm8k 5-shot prompts are up to 3,149 tokens with the embedded
