@@ -36,7 +36,11 @@ runs: 1
 #: 10 % of the TTFT SLO never replaces the baseline it was compared with, and at 2,000 ms a
 #: 1,067 ms stall beside that vLLM server kept the second refresh from writing (fresh clone,
 #: 2026-12-06); at 60 s the write these tests are about no longer hangs on the machine.
-OWN_SPEC = SPEC.replace("rate_min: 20.0, rate_max: 40.0", "rate_min: 5.0, rate_max: 10.0").replace(
+#: rate_min 7.5, within the 40 % tolerance of the cap: a first probe that the machine starved
+#: (10 req/s, "falling behind: 88 % < 90 %" with other processes on 75 % of the CPUs, fresh
+#: clone, 2026-12-07) is followed by one at 7.5 that converges, not by one at 5 that left the
+#: 2-probe search unconverged and refused the refresh before the body ran.
+OWN_SPEC = SPEC.replace("rate_min: 20.0, rate_max: 40.0", "rate_min: 7.5, rate_max: 10.0").replace(
     "slo: {ttft_p99_ms: 2000, tpot_p99_ms: 200}", "slo: {ttft_p99_ms: 60000, tpot_p99_ms: 20000}"
 )
 
