@@ -393,6 +393,7 @@ class PerfTest:
                 runs=runs, planned_runs=plan.runs, quick=plan.quick, partial=partial,
                 reasons=reasons, status=outcome.status, path=outcome.path,
                 had_runs=max((v.n_baseline for v in self.verdicts), default=0),
+                verdicts=self.verdicts,
             )  # fmt: skip
             if refusal.why is not None:
                 block.status = "not-written"
