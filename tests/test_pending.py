@@ -106,6 +106,8 @@ def test_a_passing_body_writes_the_baseline(pytester: pytest.Pytester, serve: An
     assert res["baseline"] == {**res["baseline"], "status": "written",
                                "refresh": f"written: {path}"}  # fmt: skip
     out.stdout.fnmatch_lines([f"*baseline: written ({path})*"])
+    # the refresh's own notes reach the results file, not only the terminal
+    assert any("fewer than the 3 a verdict needs" in w for w in res["baseline"]["warnings"]), res
     assert json.loads(path.read_text())["provenance"]["reason"] == "pending test"
     # the session's host calibration (tests/moeperf_fixed_calibration.py) is in the result too
     cal = res["setup"]["calibration"]

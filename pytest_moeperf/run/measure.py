@@ -371,9 +371,9 @@ class PerfTest:
         )
         self.verdicts = list(outcome.verdicts)
         data.verdicts = [VerdictEntry.model_validate(v.to_dict()) for v in outcome.verdicts]
-        warnings = list(outcome.warnings)  # the block's list: notes below are added to it
-        block = data.baseline = BaselineEntry(path=outcome.path, status=outcome.status,
-                                              warnings=warnings)  # fmt: skip
+        block = data.baseline = BaselineEntry(path=outcome.path, status=outcome.status)
+        # assigned, not passed: validation would copy the list, and the notes below go in it
+        warnings = block.warnings = list(outcome.warnings)
         if outcome.accuracy is not None and data.accuracy is not None:
             data.accuracy["verdict"] = outcome.accuracy
         for w in outcome.warnings:
